@@ -1,0 +1,65 @@
+"""Input pipeline: datasets -> SentencePiece ids -> deterministic, resumable batches.
+
+Entry point for the trainer:
+
+  data = get_train_and_eval(config.data, workdir=..., seed=..., batch_multiple=
+                            jax.device_count(), shard_index=jax.process_index(),
+                            shard_count=jax.process_count())
+  data.tokenizer        # Tokenizer (PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3)
+  data.train_batches    # infinite iterator of dicts; get_state()/set_state(dict)
+  data.eval_examples    # list of (src_ids, tgt_ids); feed to eval_batches(...)
+  data.eval_pairs       # raw (source, target) strings aligned with eval_examples
+  data.stats            # {'train': {...}, 'eval': {...}} drop/truncate counts
+
+Modules: scan (SCAN builder), parallel_text (text files), sources (load_pairs),
+tokenizer, pipeline (tokenize_pairs, TrainBatches, eval_batches), packing,
+prefetch.
+"""
+import typing
+
+from transformer.data import pipeline
+from transformer.data import sources
+from transformer.data import tokenizer as tokenizer_lib
+from transformer.data.pipeline import TrainBatches, eval_batches, prefetch, tokenize_pairs  # pylint: disable=g-multiple-import
+from transformer.data.sources import load_pairs
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer  # pylint: disable=g-multiple-import
+
+
+class Data(typing.NamedTuple):
+  tokenizer: Tokenizer
+  train_batches: typing.Any  # TrainBatches, or its Prefetch wrapper.
+  eval_examples: list
+  eval_pairs: list
+  stats: dict
+
+
+def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
+                       shard_index=0, shard_count=1):
+  """Loads both splits, gets the tokenizer (load_or_train) and builds the train iterator.
+
+  Eval examples are truncated rather than dropped when overlong, so the eval
+  set stays whole (stats['eval']['truncated'] counts them).
+  """
+  train_pairs = sources.load_pairs(data_config, data_config.train_split)
+  eval_pairs = sources.load_pairs(data_config, data_config.eval_split)
+  tok = tokenizer_lib.load_or_train(
+      data_config, workdir, (text for pair in train_pairs for text in pair))
+  train_examples, train_stats = tokenize_pairs(
+      train_pairs, tok, data_config.max_length, data_config.overlong)
+  eval_examples, eval_stats, kept = tokenize_pairs(
+      eval_pairs, tok, data_config.max_length, 'truncate', return_kept=True)
+  batches = TrainBatches(
+      train_examples, tokens_per_batch=data_config.tokens_per_batch, seed=seed,
+      batching=data_config.batching, max_length=data_config.max_length,
+      pack_length=data_config.get('pack_length'), batch_multiple=batch_multiple,
+      shard_index=shard_index, shard_count=shard_count)
+  return Data(tokenizer=tok,
+              train_batches=prefetch(batches, data_config.get('prefetch', 0)),
+              eval_examples=eval_examples,
+              eval_pairs=[eval_pairs[i] for i in kept],
+              stats={'train': train_stats, 'eval': eval_stats})
+
+
+__all__ = ['BOS_ID', 'Data', 'EOS_ID', 'PAD_ID', 'Tokenizer', 'TrainBatches', 'UNK_ID',
+           'eval_batches', 'get_train_and_eval', 'load_pairs', 'pipeline', 'prefetch',
+           'tokenize_pairs']

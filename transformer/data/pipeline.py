@@ -1,0 +1,220 @@
+"""Deterministic, checkpointable batching in pure numpy (no tf.data, so resume is exact).
+
+Token budget (bucket mode): a batch of B rows in bucket L has `inputs` [B, L]
+and `targets` [B, L] (one padded length for both sides, so jit sees one shape
+per bucket) with B * L <= tokens_per_batch: the budget bounds source tokens and
+target tokens separately, each side at most tokens_per_batch (as in the paper,
+~25000 source + ~25000 target tokens per step). In pack mode B * pack_length
+<= tokens_per_batch likewise.
+
+Budgets and row counts are global (all hosts): `batch_multiple` is the global
+number of data-parallel devices and must be divisible by `shard_count`; host
+`shard_index` keeps rows [k * B/shard_count, (k+1) * B/shard_count).
+
+Every batch has the same row count within its bucket: an epoch's last partial
+batch of each bucket is filled with all-PAD rows, so the loss must be weighted
+by `targets != PAD_ID` (it has to be anyway for padding).
+"""
+import numpy as np
+
+from transformer.data import packing
+from transformer.data.prefetch import prefetch  # pylint: disable=unused-import
+from transformer.data.tokenizer import EOS_ID, PAD_ID
+
+OVERLONG_MODES = ('drop', 'truncate')
+BATCHING_MODES = ('bucket', 'pack')
+BUCKET_STEP = 8  # Padded lengths are multiples of 8 (friendly to accelerator tiles).
+BUCKET_GROWTH = 1.125  # Above 64, buckets grow ~12.5%: few shapes, < ~12.5% padding.
+
+
+def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=False):
+  """Encodes (source, target) strings into int32 id arrays, each ending with EOS.
+
+  `max_length` counts EOS. Overlong examples are dropped or truncated (keeping
+  EOS last); examples with an empty source or target are dropped. Returns
+  (examples, stats), plus the indices of kept pairs if `return_kept`.
+  """
+  if overlong not in OVERLONG_MODES:
+    raise ValueError(f'overlong must be one of {OVERLONG_MODES}, got {overlong!r}')
+  if max_length < 2:
+    raise ValueError(f'max_length must be >= 2 (one token plus EOS), got {max_length}')
+  pairs = list(pairs)
+  src_ids = tokenizer.encode_batch([p[0] for p in pairs])
+  tgt_ids = tokenizer.encode_batch([p[1] for p in pairs])
+  stats = {'total': len(pairs), 'kept': 0, 'dropped_empty': 0,
+           'dropped_overlong': 0, 'truncated': 0}
+  examples, kept = [], []
+  for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+    if not s or not t:
+      stats['dropped_empty'] += 1
+      continue
+    if max(len(s), len(t)) + 1 > max_length:
+      if overlong == 'drop':
+        stats['dropped_overlong'] += 1
+        continue
+      stats['truncated'] += 1
+      s, t = s[:max_length - 1], t[:max_length - 1]
+    examples.append((np.array(s + [EOS_ID], np.int32), np.array(t + [EOS_ID], np.int32)))
+    kept.append(i)
+  stats['kept'] = len(examples)
+  return (examples, stats, kept) if return_kept else (examples, stats)
+
+
+def bucket_lengths(max_length):
+  """Padded lengths: multiples of 8 up to 64, then ~12.5% apart, up to max_length (rounded up to 8)."""
+  top = -(-max_length // BUCKET_STEP) * BUCKET_STEP
+  out, n = [], BUCKET_STEP
+  while n < top:
+    out.append(n)
+    n = max(n + BUCKET_STEP, -(-int(n * BUCKET_GROWTH) // BUCKET_STEP) * BUCKET_STEP)
+  return out + [top]
+
+
+def _rows_for(length, tokens_per_batch, batch_multiple):
+  rows = (tokens_per_batch // length) // batch_multiple * batch_multiple
+  if rows < batch_multiple:
+    raise ValueError(f'tokens_per_batch={tokens_per_batch} is too small: a batch of padded '
+                     f'length {length} needs at least batch_multiple={batch_multiple} rows, '
+                     f'i.e. tokens_per_batch >= {length * batch_multiple}')
+  return rows
+
+
+def _lengths(examples):
+  src = np.array([len(e[0]) for e in examples], np.int64)
+  tgt = np.array([len(e[1]) for e in examples], np.int64)
+  return src, tgt
+
+
+def _padded_batch(examples, rows, length):
+  """{'inputs', 'targets'} [len(rows), length]; row index -1 is an all-PAD row."""
+  out = {k: np.full((len(rows), length), PAD_ID, np.int32) for k in ('inputs', 'targets')}
+  for r, i in enumerate(rows):
+    if i >= 0:
+      src, tgt = examples[i]
+      out['inputs'][r, :len(src)] = src
+      out['targets'][r, :len(tgt)] = tgt
+  return out
+
+
+def _fill(rows, count, filler):
+  return list(rows) + [filler] * (count - len(rows))
+
+
+class TrainBatches:
+  """Infinite iterator of training batches; each epoch's order depends only on (seed, epoch).
+
+  State is {'epoch', 'index', 'num_examples'} (JSON-serialisable): `index` is
+  the number of batches of `epoch` already handed out.
+  """
+
+  def __init__(self, examples, *, tokens_per_batch, seed, batching='bucket',
+               max_length=None, pack_length=None, batch_multiple=1,
+               shard_index=0, shard_count=1):
+    if not examples:
+      raise ValueError('no training examples')
+    if batching not in BATCHING_MODES:
+      raise ValueError(f'batching must be one of {BATCHING_MODES}, got {batching!r}')
+    if batch_multiple % shard_count or not 0 <= shard_index < shard_count:
+      raise ValueError(f'need batch_multiple ({batch_multiple}) divisible by shard_count '
+                       f'({shard_count}) and 0 <= shard_index ({shard_index}) < shard_count')
+    self._examples = examples
+    self._seed = seed
+    self._mode = batching
+    self._shard = (shard_index, shard_count)
+    self._src_lens, self._tgt_lens = _lengths(examples)
+    longest = int(max(self._src_lens.max(), self._tgt_lens.max()))
+    if batching == 'pack':
+      if not pack_length:
+        raise ValueError("batching='pack' needs pack_length")
+      if longest > pack_length:
+        raise ValueError(f'an example has {longest} tokens > pack_length={pack_length}; '
+                         'tokenize with max_length <= pack_length')
+      self._pack_length = pack_length
+      self._rows = _rows_for(pack_length, tokens_per_batch, batch_multiple)
+    else:
+      self._buckets = np.array(bucket_lengths(max_length or longest))
+      if longest > self._buckets[-1]:
+        raise ValueError(f'an example has {longest} tokens > max_length={max_length}')
+      self._bucket_rows = [_rows_for(int(n), tokens_per_batch, batch_multiple)
+                           for n in self._buckets]
+      self._bucket_of = np.searchsorted(
+          self._buckets, np.maximum(self._src_lens, self._tgt_lens))
+    self._epoch, self._index = 0, 0
+    self._plan_epoch, self._plan = None, None
+
+  def _epoch_plan(self, epoch):
+    """The epoch's global batches: (padded length, row entries) per batch."""
+    if self._plan_epoch != epoch:
+      rng = np.random.default_rng([self._seed, epoch])
+      self._plan = self._pack_plan(rng) if self._mode == 'pack' else self._bucket_plan(rng)
+      self._plan_epoch = epoch
+    return self._plan
+
+  def _bucket_plan(self, rng):
+    plan = []
+    for b, length in enumerate(self._buckets.tolist()):
+      idx = rng.permutation(np.flatnonzero(self._bucket_of == b)).tolist()
+      rows = self._bucket_rows[b]
+      for start in range(0, len(idx), rows):
+        plan.append((length, _fill(idx[start:start + rows], rows, -1)))
+    # Shuffle across buckets so consecutive steps see different lengths.
+    return [plan[i] for i in rng.permutation(len(plan))]
+
+  def _pack_plan(self, rng):
+    rows = packing.pack_rows(rng.permutation(len(self._examples)),
+                             self._src_lens, self._tgt_lens, self._pack_length)
+    n = self._rows
+    return [(self._pack_length, _fill(rows[s:s + n], n, [])) for s in range(0, len(rows), n)]
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    if self._index >= len(self._epoch_plan(self._epoch)):
+      self._epoch, self._index = self._epoch + 1, 0
+    length, rows = self._epoch_plan(self._epoch)[self._index]
+    self._index += 1
+    k, count = self._shard
+    per_host = len(rows) // count
+    rows = rows[k * per_host:(k + 1) * per_host]
+    if self._mode == 'pack':
+      return packing.packed_batch(self._examples, rows, length)
+    return _padded_batch(self._examples, rows, length)
+
+  def get_state(self):
+    return {'epoch': self._epoch, 'index': self._index,
+            'num_examples': len(self._examples)}
+
+  def set_state(self, state):
+    if state.get('num_examples', len(self._examples)) != len(self._examples):
+      raise ValueError(f"state is for {state['num_examples']} examples, this pipeline has "
+                       f'{len(self._examples)}: the data or its preprocessing changed')
+    epoch, index = int(state['epoch']), int(state['index'])
+    if epoch < 0 or not 0 <= index <= len(self._epoch_plan(epoch)):
+      raise ValueError(f'invalid pipeline state {state}')
+    self._epoch, self._index = epoch, index
+
+
+def eval_batches(examples, tokens_per_batch, batch_multiple=1, max_length=None):
+  """Yields (indices, batch) covering every example once, bucketed by length, in a fixed order.
+
+  `indices` are the example indices of the batch's first len(indices) rows; the
+  remaining rows (up to a multiple of batch_multiple) are all PAD.
+  """
+  src_lens, tgt_lens = _lengths(examples)
+  if not examples:
+    return
+  lengths = np.maximum(src_lens, tgt_lens)
+  buckets = np.array(bucket_lengths(max_length or int(lengths.max())))
+  if lengths.max() > buckets[-1]:
+    raise ValueError(f'an eval example has {lengths.max()} tokens > max_length={max_length}')
+  bucket_of = np.searchsorted(buckets, lengths)
+  for b, length in enumerate(buckets.tolist()):
+    idx = np.flatnonzero(bucket_of == b).tolist()
+    if not idx:
+      continue
+    rows = _rows_for(length, tokens_per_batch, batch_multiple)
+    for start in range(0, len(idx), rows):
+      chunk = idx[start:start + rows]
+      padded = -(-len(chunk) // batch_multiple) * batch_multiple
+      yield np.array(chunk, np.int64), _padded_batch(examples, _fill(chunk, padded, -1), length)

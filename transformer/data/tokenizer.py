@@ -1,0 +1,103 @@
+"""SentencePiece tokenizer with fixed special ids, trained in-process on a shared vocabulary."""
+import io
+import os
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+VOCAB_TYPES = ('bpe', 'unigram', 'word')
+MODEL_FILENAME = 'spm.model'
+MAX_TRAIN_SENTENCES = 300_000  # Caps training time at seconds; more barely changes the pieces.
+TRAIN_SEED = 0
+TRAIN_THREADS = 4  # The trained model depends on the thread count: fixed, not os.cpu_count().
+
+
+class Tokenizer:
+  """Text <-> ids. `encode` adds no BOS/EOS; `decode` stops at EOS and drops PAD/BOS."""
+
+  def __init__(self, model_proto, name='<memory>'):
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.model_proto = model_proto
+    found = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
+    if found != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+      raise ValueError(f'{name}: special ids (pad, unk, bos, eos) are {found}, expected '
+                       f'{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; retrain the vocabulary')
+
+  @classmethod
+  def load(cls, path):
+    with open(path, 'rb') as f:  # FileNotFoundError names the path.
+      return cls(f.read(), name=path)
+
+  @property
+  def vocab_size(self):
+    return self._sp.get_piece_size()
+
+  def encode(self, text):
+    """Ids of `text` (unknown characters -> UNK_ID)."""
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts):
+    """`encode` over many texts, in C++ threads."""
+    return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+  def decode(self, ids):
+    """Text of `ids` up to the first EOS; PAD and BOS are skipped."""
+    out = []
+    for i in np.asarray(ids).reshape(-1).tolist():
+      if i == EOS_ID:
+        break
+      if i not in (PAD_ID, BOS_ID):
+        out.append(i)
+    return self._sp.decode(out)
+
+  def save(self, path):
+    """Writes the model via a temporary file so a crash never leaves a partial file."""
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'wb') as f:
+      f.write(self.model_proto)
+    os.replace(tmp, path)
+
+
+def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed=TRAIN_SEED):
+  """Trains a SentencePiece model on `texts`; deterministic for the same inputs."""
+  if vocab_type not in VOCAB_TYPES:
+    raise ValueError(f'vocab_type must be one of {VOCAB_TYPES}, got {vocab_type!r}')
+  texts = [t for t in texts if t]
+  if not texts:
+    raise ValueError('no text to train the vocabulary on')
+  if len(texts) > max_sentences:
+    # Our own seeded sample: SentencePiece's sampler is not seeded per call.
+    keep = np.random.default_rng(seed).choice(len(texts), max_sentences, replace=False)
+    texts = [texts[i] for i in np.sort(keep)]
+  spm.set_random_generator_seed(seed)
+  proto = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_writer=proto,
+      model_type=vocab_type, vocab_size=vocab_size,
+      hard_vocab_limit=False,  # Small corpora (SCAN words) have fewer pieces than asked.
+      pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+      input_sentence_size=max_sentences, shuffle_input_sentence=False,
+      num_threads=TRAIN_THREADS,
+      minloglevel=2)
+  return Tokenizer(proto.getvalue())
+
+
+def load_or_train(data_config, workdir, texts):
+  """`data_config.vocab_path` if set, else `{workdir}/spm.model` if present, else trains one.
+
+  `texts` (sources and targets together, for a shared vocabulary) is only
+  consumed when training; the trained model is saved to `{workdir}/spm.model`.
+  """
+  if data_config.vocab_path:
+    return Tokenizer.load(data_config.vocab_path)
+  path = os.path.join(workdir, MODEL_FILENAME)
+  if os.path.exists(path):
+    return Tokenizer.load(path)
+  tok = train(texts, data_config.vocab_type, data_config.vocab_size)
+  os.makedirs(workdir, exist_ok=True)
+  tok.save(path)
+  return tok
