@@ -10,6 +10,7 @@ Entry point for the trainer:
   data.eval_examples    # list of (src_ids, tgt_ids); feed to eval_batches(...)
   data.eval_pairs       # raw (source, target) strings aligned with eval_examples
   data.stats            # {'train': {...}, 'eval': {...}} drop/truncate counts
+  get_eval(config.data, data.tokenizer, config.data.test_split)  # another split
 
 Modules: scan (SCAN builder), parallel_text (text files), sources (load_pairs),
 tokenizer, pipeline (tokenize_pairs, TrainBatches, eval_batches), packing,
@@ -33,21 +34,30 @@ class Data(typing.NamedTuple):
   stats: dict
 
 
+def get_eval(data_config, tokenizer, split):
+  """(examples, raw pairs aligned with them, stats) of an evaluation split (e.g. test_split).
+
+  Overlong examples are truncated, not dropped, so the set stays whole
+  (stats['truncated'] counts them); only empty ones are dropped.
+  """
+  pairs = sources.load_pairs(data_config, split)
+  examples, stats, kept = tokenize_pairs(
+      pairs, tokenizer, data_config.max_length, 'truncate', return_kept=True)
+  return examples, [pairs[i] for i in kept], stats
+
+
 def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
                        shard_index=0, shard_count=1):
-  """Loads both splits, gets the tokenizer (load_or_train) and builds the train iterator.
+  """Loads train and eval splits, gets the tokenizer (load_or_train), builds the train iterator.
 
-  Eval examples are truncated rather than dropped when overlong, so the eval
-  set stays whole (stats['eval']['truncated'] counts them).
+  The tokenizer is trained on the train split only; eval data as in `get_eval`.
   """
   train_pairs = sources.load_pairs(data_config, data_config.train_split)
-  eval_pairs = sources.load_pairs(data_config, data_config.eval_split)
   tok = tokenizer_lib.load_or_train(
       data_config, workdir, (text for pair in train_pairs for text in pair))
   train_examples, train_stats = tokenize_pairs(
       train_pairs, tok, data_config.max_length, data_config.overlong)
-  eval_examples, eval_stats, kept = tokenize_pairs(
-      eval_pairs, tok, data_config.max_length, 'truncate', return_kept=True)
+  eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split)
   batches = TrainBatches(
       train_examples, tokens_per_batch=data_config.tokens_per_batch, seed=seed,
       batching=data_config.batching, max_length=data_config.max_length,
@@ -56,10 +66,10 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
   return Data(tokenizer=tok,
               train_batches=prefetch(batches, data_config.get('prefetch', 0)),
               eval_examples=eval_examples,
-              eval_pairs=[eval_pairs[i] for i in kept],
+              eval_pairs=eval_pairs,
               stats={'train': train_stats, 'eval': eval_stats})
 
 
 __all__ = ['BOS_ID', 'Data', 'EOS_ID', 'PAD_ID', 'Tokenizer', 'TrainBatches', 'UNK_ID',
-           'eval_batches', 'get_train_and_eval', 'load_pairs', 'pipeline', 'prefetch',
+           'eval_batches', 'get_eval', 'get_train_and_eval', 'load_pairs', 'pipeline', 'prefetch',
            'tokenize_pairs']

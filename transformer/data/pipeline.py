@@ -140,15 +140,17 @@ class TrainBatches:
       self._bucket_of = np.searchsorted(
           self._buckets, np.maximum(self._src_lens, self._tgt_lens))
     self._epoch, self._index = 0, 0
-    self._plan_epoch, self._plan = None, None
+    self._plans = {}  # epoch -> plan
 
   def _epoch_plan(self, epoch):
     """The epoch's global batches: (padded length, row entries) per batch."""
-    if self._plan_epoch != epoch:
+    if epoch not in self._plans:
+      for old in [e for e in self._plans if e != self._epoch]:
+        del self._plans[old]  # Keep the current epoch's plan and at most one other.
       rng = np.random.default_rng([self._seed, epoch])
-      self._plan = self._pack_plan(rng) if self._mode == 'pack' else self._bucket_plan(rng)
-      self._plan_epoch = epoch
-    return self._plan
+      self._plans[epoch] = (self._pack_plan(rng) if self._mode == 'pack'
+                            else self._bucket_plan(rng))
+    return self._plans[epoch]
 
   def _bucket_plan(self, rng):
     plan = []
@@ -165,6 +167,10 @@ class TrainBatches:
                              self._src_lens, self._tgt_lens, self._pack_length)
     n = self._rows
     return [(self._pack_length, _fill(rows[s:s + n], n, [])) for s in range(0, len(rows), n)]
+
+  def num_batches(self, epoch):
+    """Number of batches in `epoch` (bucket mode: the same every epoch)."""
+    return len(self._epoch_plan(epoch))
 
   def __iter__(self):
     return self

@@ -80,7 +80,7 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
       model_type=vocab_type, vocab_size=vocab_size,
       hard_vocab_limit=False,  # Small corpora (SCAN words) have fewer pieces than asked.
       pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-      input_sentence_size=max_sentences, shuffle_input_sentence=False,
+      input_sentence_size=0, shuffle_input_sentence=False,  # Sampled above already.
       num_threads=TRAIN_THREADS,
       minloglevel=2)
   return Tokenizer(proto.getvalue())

@@ -1,0 +1,216 @@
+"""Batching: token budget, packing integrity, coverage, determinism, resume, shards, eval."""
+import itertools
+import json
+import time
+
+import numpy as np
+import pytest
+
+from transformer.data import pipeline
+from transformer.data.tokenizer import EOS_ID, PAD_ID
+
+N = 300
+
+
+def _examples(n=N, max_len=40, seed=0):
+  """Example i: source starts with token 4+i (so rows identify examples), ends with EOS."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    ls, lt = rng.integers(2, max_len + 1, size=2)
+    src = np.concatenate([[4 + i], rng.integers(4, 50, ls - 2), [EOS_ID]]).astype(np.int32)
+    tgt = np.concatenate([rng.integers(4, 50, lt - 1), [EOS_ID]]).astype(np.int32)
+    out.append((src, tgt))
+  return out
+
+
+EXAMPLES = _examples()
+KW = {'bucket': dict(batching='bucket', max_length=40),
+      'pack': dict(batching='pack', pack_length=48)}
+
+
+def _make(mode, tokens=512, seed=1, **kw):
+  return pipeline.TrainBatches(EXAMPLES, tokens_per_batch=tokens, seed=seed, **KW[mode], **kw)
+
+
+def _rows(batch):
+  """(example index, source, target) of every example in `batch`, unpacking segments."""
+  out = []
+  for r in range(batch['inputs'].shape[0]):
+    if 'inputs_segmentation' not in batch:
+      src, tgt = batch['inputs'][r], batch['targets'][r]
+      if src.any():
+        out.append((src[0] - 4, src[src != PAD_ID], tgt[tgt != PAD_ID]))
+      continue
+    segs = [batch[f'{side}_segmentation'][r] for side in ('inputs', 'targets')]
+    ids = [set(seg.tolist()) - {0} for seg in segs]
+    assert ids[0] == ids[1] == set(range(1, len(ids[0]) + 1))  # Same examples, ids 1..k.
+    for k in sorted(ids[0]):
+      parts = []
+      for side, seg in zip(('inputs', 'targets'), segs):
+        where = np.flatnonzero(seg == k)
+        assert np.all(np.diff(where) == 1)  # A segment is contiguous ...
+        np.testing.assert_array_equal(batch[f'{side}_position'][r, where],
+                                      np.arange(len(where)))  # ... and counts from 0.
+        parts.append(batch[side][r, where])
+      out.append((parts[0][0] - 4, parts[0], parts[1]))
+    for side, seg in zip(('inputs', 'targets'), segs):
+      assert not batch[side][r][seg == 0].any()  # Outside segments is PAD only.
+  return out
+
+
+def _epoch(it, epoch=0):
+  return [next(it) for _ in range(it.num_batches(epoch))]
+
+
+def _ids(batches):
+  return [int(i) for b in batches for i, _, _ in _rows(b)]
+
+
+def _same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+
+
+@pytest.mark.parametrize('mode', ['bucket', 'pack'])
+def test_epoch_has_every_example_once_within_budget(mode):
+  it = _make(mode, batch_multiple=4)
+  batches = _epoch(it)
+  assert sorted(_ids(batches)) == list(range(N))
+  for b in batches:
+    rows, length = b['inputs'].shape
+    assert b['targets'].shape == (rows, length)
+    assert rows * length <= 512 and rows % 4 == 0
+    assert all(v.dtype == np.int32 for v in b.values())
+    for i, src, tgt in _rows(b):  # Unpadded content is exactly the example.
+      np.testing.assert_array_equal(src, EXAMPLES[i][0])
+      np.testing.assert_array_equal(tgt, EXAMPLES[i][1])
+  if mode == 'bucket':
+    assert {b['inputs'].shape[1] for b in batches} <= set(pipeline.bucket_lengths(40))
+  assert it.get_state() == {'epoch': 0, 'index': len(batches), 'num_examples': N}
+  assert sorted(_ids(_epoch(it, 1))) == list(range(N))
+
+
+@pytest.mark.parametrize('mode', ['bucket', 'pack'])
+def test_order_depends_on_seed_and_epoch_only(mode):
+  first = _epoch(_make(mode))
+  _same(first, _epoch(_make(mode)))
+  assert _ids(first) != _ids(_epoch(_make(mode, seed=2)))
+  it = _make(mode)
+  assert _ids(_epoch(it, 0)) != _ids(_epoch(it, 1))
+
+
+@pytest.mark.parametrize('mode', ['bucket', 'pack'])
+def test_resume_yields_the_same_batches(mode):
+  ref = _make(mode)
+  n0 = ref.num_batches(0)
+  expected = [next(ref) for _ in range(n0 + 5)]  # Crosses into epoch 1.
+  for k in (0, 3, n0 - 1, n0, n0 + 1):
+    it = _make(mode)
+    for _ in range(k):
+      next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    resumed = _make(mode)
+    resumed.set_state(state)
+    _same([next(resumed) for _ in range(n0 + 5 - k)], expected[k:])
+
+
+@pytest.mark.parametrize('mode', ['bucket', 'pack'])
+def test_resume_through_prefetch(mode):
+  ref = _make(mode)
+  expected = [next(ref) for _ in range(12)]
+  pre = pipeline.prefetch(_make(mode), 4)
+  got = [next(pre) for _ in range(5)]
+  time.sleep(0.05)  # Let the thread run ahead: the state must not follow it.
+  state = pre.get_state()
+  assert state['index'] == 5
+  pre.close()
+  resumed = pipeline.prefetch(_make(mode), 2)
+  resumed.set_state(state)
+  _same(got + [next(resumed) for _ in range(7)], expected)
+  resumed.close()
+
+
+def test_prefetch_reraises_producer_errors():
+  pre = pipeline.prefetch(iter_with_state(iter([1, 2])), 2)
+  assert list(itertools.islice(pre, 5)) == [1, 2]
+  with pytest.raises(StopIteration):
+    next(pre)
+
+
+class iter_with_state:  # pylint: disable=invalid-name
+  def __init__(self, it):
+    self.it, self.n = it, 0
+
+  def __next__(self):
+    x = next(self.it)
+    self.n += 1
+    return x
+
+  def get_state(self):
+    return {'n': self.n}
+
+
+@pytest.mark.parametrize('mode', ['bucket', 'pack'])
+def test_shards_partition_the_global_batch(mode):
+  whole = _epoch(_make(mode, batch_multiple=4))
+  parts = [_epoch(_make(mode, batch_multiple=4, shard_index=k, shard_count=2)) for k in (0, 1)]
+  for g, a, b in zip(whole, *parts):
+    for key in g:
+      np.testing.assert_array_equal(np.concatenate([a[key], b[key]]), g[key])
+
+
+def test_tokens_per_batch_too_small_and_bad_state():
+  with pytest.raises(ValueError, match='tokens_per_batch'):
+    _make('bucket', tokens=100, batch_multiple=4)  # 4 rows of 40 > 100.
+  with pytest.raises(ValueError, match='shard_count'):
+    _make('bucket', batch_multiple=3, shard_count=2)
+  with pytest.raises(ValueError, match='pack_length'):
+    pipeline.TrainBatches(EXAMPLES, tokens_per_batch=512, seed=0, batching='pack',
+                          pack_length=16)
+  with pytest.raises(ValueError, match='num_examples|data'):
+    _make('bucket').set_state({'epoch': 0, 'index': 0, 'num_examples': N + 1})
+
+
+def test_eval_batches_cover_every_example_once_in_known_rows():
+  seen = []
+  for indices, batch in pipeline.eval_batches(EXAMPLES, 512, batch_multiple=4):
+    rows, length = batch['inputs'].shape
+    assert rows % 4 == 0 and rows * length <= 512 and len(indices) <= rows
+    for r, i in enumerate(indices):
+      np.testing.assert_array_equal(batch['inputs'][r, :len(EXAMPLES[i][0])], EXAMPLES[i][0])
+      np.testing.assert_array_equal(batch['targets'][r, :len(EXAMPLES[i][1])], EXAMPLES[i][1])
+    assert not batch['inputs'][len(indices):].any()  # Filler rows are all PAD.
+    assert not batch['targets'][len(indices):].any()
+    seen.extend(indices.tolist())
+  assert sorted(seen) == list(range(N))
+
+
+class _CharTokenizer:
+  def encode_batch(self, texts):
+    return [[4 + ord(c) % 60 for c in t.replace(' ', '')] for t in texts]
+
+
+def test_tokenize_pairs_drop_truncate_and_empty():
+  pairs = [('abc', 'de'), ('abcdefgh', 'x'), ('', 'y'), ('a', ' '), ('ab', 'abcdefg')]
+  ex, stats = pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'drop')
+  assert stats == {'total': 5, 'kept': 1, 'dropped_empty': 2, 'dropped_overlong': 2,
+                   'truncated': 0}
+  assert [e.tolist() for e in ex[0]] == [[41, 42, 43, EOS_ID], [44, 45, EOS_ID]]  # ord % 60 + 4
+  ex, stats, kept = pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'truncate',
+                                            return_kept=True)
+  assert (stats['truncated'], stats['kept'], kept) == (2, 3, [0, 1, 4])
+  assert all(len(s) <= 5 and s[-1] == EOS_ID and t[-1] == EOS_ID for s, t in ex)
+  assert all(s.dtype == np.int32 for s, _ in ex)
+  with pytest.raises(ValueError, match='overlong'):
+    pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'clip')
+
+
+def test_bucket_lengths_are_few_and_aligned():
+  ladder = pipeline.bucket_lengths(256)
+  assert ladder[-1] == 256 and len(ladder) <= 20
+  assert all(n % 8 == 0 for n in ladder) and ladder == sorted(set(ladder))
+  assert pipeline.bucket_lengths(50)[-1] == 56

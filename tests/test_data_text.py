@@ -1,0 +1,83 @@
+"""Parallel text files: reading, and errors that name the file and 1-based line."""
+import gzip
+import os
+import pathlib
+
+import ml_collections
+import pytest
+
+from transformer.data import parallel_text
+from transformer.data import sources
+
+MULTI30K = pathlib.Path(os.environ.get(
+    'MULTI30K_DIR', pathlib.Path(__file__).resolve().parents[2] / 'shared/data/multi30k'))
+
+
+def _write(path, data, gz=False):
+  if isinstance(data, str):
+    data = data.encode('utf-8')
+  path = pathlib.Path(str(path) + ('.gz' if gz else ''))
+  path.write_bytes(gzip.compress(data) if gz else data)
+  return str(path)
+
+
+def test_reads_plain_and_gzip_pairs(tmp_path):
+  _write(tmp_path / 'train.en', 'A dog .\r\n Two cats \nfinal line')
+  _write(tmp_path / 'train.de', 'Ein Hund .\nZwei Katzen\nletzte Zeile\n', gz=True)
+  pairs = parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')
+  assert pairs == [('A dog .', 'Ein Hund .'), ('Two cats', 'Zwei Katzen'),
+                   ('final line', 'letzte Zeile')]
+  config = ml_collections.ConfigDict({'dataset': 'parallel_text', 'text_dir': str(tmp_path),
+                                      'source_lang': 'de', 'target_lang': 'en'})
+  assert sources.load_pairs(config, 'train')[1] == ('Zwei Katzen', 'Two cats')
+
+
+def test_empty_line_names_file_and_line(tmp_path):
+  _write(tmp_path / 'val.en', 'one\ntwo\n \nfour\n')
+  path = _write(tmp_path / 'val.de', 'eins\nzwei\ndrei\nvier\n', gz=True)
+  with pytest.raises(ValueError, match=r'val\.en:3: empty line'):
+    parallel_text.load_split(str(tmp_path), 'val', 'en', 'de')
+  del path
+
+
+def test_mismatched_line_counts_name_file_and_line(tmp_path):
+  _write(tmp_path / 'test.en', 'one\ntwo\n')
+  de = _write(tmp_path / 'test.de', 'eins\nzwei\ndrei\n', gz=True)
+  with pytest.raises(ValueError) as e:
+    parallel_text.load_split(str(tmp_path), 'test', 'en', 'de')
+  assert f'{de}:3:' in str(e.value) and 'test.en has only 2 lines' in str(e.value)
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+  en = _write(tmp_path / 'train.en', b'ok\nfine\ncaf\xe9\n', gz=True)
+  _write(tmp_path / 'train.de', 'a\nb\nc\n')
+  with pytest.raises(ValueError, match=rf'{en}:3: line is not valid UTF-8'):
+    parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')
+
+
+def test_corrupt_gzip_names_file(tmp_path):
+  _write(tmp_path / 'train.en', 'a\nb\n')
+  de = tmp_path / 'train.de.gz'
+  de.write_bytes(gzip.compress(b'x\ny\n')[:-6])
+  with pytest.raises(ValueError, match='train.de.gz'):
+    parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')
+
+
+def test_missing_and_ambiguous_files(tmp_path):
+  _write(tmp_path / 'train.en', 'a\n')
+  with pytest.raises(FileNotFoundError, match=r'train\.fr\.gz'):
+    parallel_text.load_split(str(tmp_path), 'train', 'en', 'fr')
+  _write(tmp_path / 'train.en', 'a\n', gz=True)
+  with pytest.raises(ValueError, match='both'):
+    parallel_text.find_file(str(tmp_path), 'train', 'en')
+  config = ml_collections.ConfigDict({'dataset': 'parallel_text', 'text_dir': '',
+                                      'source_lang': 'en', 'target_lang': 'de'})
+  with pytest.raises(ValueError, match='text_dir'):
+    sources.load_pairs(config, 'train')
+
+
+@pytest.mark.skipif(not (MULTI30K / 'val.de.gz').exists(), reason=f'{MULTI30K} absent')
+def test_multi30k_validation_split():
+  pairs = parallel_text.load_split(str(MULTI30K), 'val', 'en', 'de')
+  assert len(pairs) == 1014
+  assert all(s and t for s, t in pairs)

@@ -1,0 +1,84 @@
+"""SentencePiece tokenizer: special ids, round trip, UNK, load_or_train caching."""
+import os
+
+import ml_collections
+import pytest
+import sentencepiece as spm
+
+from transformer.data import tokenizer as tok_lib
+
+TEXTS = ['a small dog runs on the grass', 'ein kleiner Hund rennt auf dem Gras',
+         'two dogs play in the snow', 'zwei Hunde spielen im Schnee'] * 5
+
+
+def _config(**kw):
+  c = ml_collections.ConfigDict({'vocab_path': None, 'vocab_type': 'bpe', 'vocab_size': 60})
+  c.update(kw)
+  return c
+
+
+@pytest.fixture(scope='module')
+def bpe():
+  return tok_lib.train(TEXTS, 'bpe', 60)
+
+
+def test_special_ids_are_fixed_and_distinct(bpe):
+  ids = (tok_lib.PAD_ID, tok_lib.UNK_ID, tok_lib.BOS_ID, tok_lib.EOS_ID)
+  assert ids == (0, 1, 2, 3)
+  assert len(set(ids)) == 4
+  sp = spm.SentencePieceProcessor(model_proto=bpe.model_proto)
+  assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == ids
+
+
+def test_round_trip_and_no_specials_in_encode(bpe):
+  text = 'two small dogs play on the grass'
+  ids = bpe.encode(text)
+  assert tok_lib.BOS_ID not in ids and tok_lib.EOS_ID not in ids and tok_lib.PAD_ID not in ids
+  assert bpe.decode(ids) == text
+  assert bpe.decode([tok_lib.BOS_ID] + ids + [tok_lib.EOS_ID] + ids + [0, 0]) == text
+  assert bpe.encode_batch([text, 'dog']) == [ids, bpe.encode('dog')]
+
+
+def test_unseen_characters_become_unk(bpe):
+  ids = bpe.encode('dog 犬 ☃')
+  assert tok_lib.UNK_ID in ids
+  assert all(0 <= i < bpe.vocab_size for i in ids)
+
+
+def test_word_vocabulary_for_scan():
+  word = tok_lib.train(['walk left twice', 'I_TURN_LEFT I_WALK I_TURN_LEFT I_WALK'], 'word', 32)
+  assert word.vocab_size == 4 + 5  # Fewer pieces than asked for is fine.
+  assert word.decode(word.encode('walk left twice')) == 'walk left twice'
+  assert word.encode('run left') == [tok_lib.UNK_ID, word.encode('left')[0]]
+
+
+def test_training_is_deterministic(bpe):
+  assert tok_lib.train(TEXTS, 'bpe', 60).model_proto == bpe.model_proto
+  small = tok_lib.train(TEXTS, 'unigram', 40, max_sentences=7)
+  assert small.model_proto == tok_lib.train(TEXTS, 'unigram', 40, max_sentences=7).model_proto
+
+
+def test_load_or_train_saves_then_reuses(tmp_path):
+  tok = tok_lib.load_or_train(_config(), str(tmp_path), iter(TEXTS))
+  assert os.listdir(tmp_path) == ['spm.model']  # No temporary file left behind.
+  # A second call must load, not train: training on no text would raise.
+  again = tok_lib.load_or_train(_config(vocab_type='unigram'), str(tmp_path), [])
+  assert again.model_proto == tok.model_proto
+  other = tmp_path / 'other'
+  from_path = tok_lib.load_or_train(
+      _config(vocab_path=str(tmp_path / 'spm.model')), str(other), [])
+  assert from_path.model_proto == tok.model_proto and not other.exists()
+
+
+def test_bad_inputs(tmp_path):
+  with pytest.raises(ValueError, match='vocab_type'):
+    tok_lib.train(TEXTS, 'char-ish', 60)
+  with pytest.raises(FileNotFoundError, match='nope.model'):
+    tok_lib.load_or_train(_config(vocab_path=str(tmp_path / 'nope.model')), str(tmp_path), [])
+  # A model with SentencePiece's default ids (unk=0, no pad) is refused.
+  path = tmp_path / 'default_ids.model'
+  with open(path, 'wb') as f:
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS), model_writer=f,
+                                   vocab_size=40, hard_vocab_limit=False, minloglevel=2)
+  with pytest.raises(ValueError, match='default_ids.model: special ids'):
+    tok_lib.Tokenizer.load(str(path))
