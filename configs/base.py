@@ -1,0 +1,75 @@
+"""Transformer base (Table 3), WMT 2014 EN->DE with a shared 37k vocabulary.
+
+  python train.py --config configs/base.py --workdir runs/base
+The WMT data must be prepared once (the error message says how); see README.
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.seed = 0  # Seeds initialisation, dropout and the data order.
+
+  config.model = model = ml_collections.ConfigDict()
+  model.share_embeddings = True  # One matrix for source and target embeddings (3.4).
+  model.tie_output = True  # The pre-softmax projection reuses the target embedding (3.4).
+  model.num_layers = 6  # N: layers in the encoder and in the decoder (3.1).
+  model.d_model = 512  # Width of every sub-layer output (3.1).
+  model.d_ff = 2048  # Inner width of the feed-forward sub-layer (3.3).
+  model.num_heads = 8  # h; d_k = d_v = d_model / h = 64 (3.2.2).
+  model.dropout = 0.1  # P_drop on sub-layer outputs and embedding sums (5.4).
+  model.attention_dropout = 0.0  # Dropout on attention probabilities (not in the paper).
+  model.activation = "relu"  # relu (paper) | gelu | silu.
+  model.norm_position = "post"  # post (paper): LayerNorm(x + Sublayer(x)) | pre.
+  model.positional = "sinusoidal"  # sinusoidal (3.5) | learned (Table 3 row E).
+  model.max_len = 256  # Positions the model can represent.
+  model.attention_type = "scaled_dot"  # Attention scoring function (3.2.1).
+  model.attention_impl = "fused"  # fused (jax.nn.dot_product_attention) | reference.
+  model.dtype = "float32"  # Compute dtype: float32 | bfloat16 (params stay float32).
+  model.pad_id = 0  # Padding token id (the tokenizer's).
+  model.bos_id = 2  # Start-of-sequence id fed to the decoder first (the tokenizer's).
+
+  config.data = data = ml_collections.ConfigDict()
+  data.dataset = "wmt14_translate/de-en"  # scan/simple | scan/length | parallel_text | a TFDS name.
+  data.source_lang = "en"  # Translate from this language ...
+  data.target_lang = "de"  # ... into this one.
+  data.text_dir = ""  # parallel_text: folder of {split}.{lang}[.gz] files.
+  data.tfds_data_dir = ml_collections.config_dict.placeholder(str)  # None: TFDS default.
+  data.train_split = "train"  # Split to train on.
+  data.eval_split = "validation"  # Split for evaluation during training (newstest2013).
+  data.test_split = "test"  # Split reported once at the end (newstest2014).
+  data.vocab_path = ml_collections.config_dict.placeholder(str)  # SentencePiece model; None: train one.
+  data.vocab_type = "bpe"  # SentencePiece model type: bpe | unigram | word.
+  data.vocab_size = 37000  # Shared source/target vocabulary size (5.1).
+  data.max_length = 256  # Longest example in tokens (eos included).
+  data.overlong = "drop"  # Examples over max_length: drop | truncate.
+  data.batching = "bucket"  # bucket: group by length (5.1) | pack: rows with segment ids.
+  data.tokens_per_batch = 25000  # About 25k source and 25k target tokens a batch (5.1).
+  data.pack_length = 256  # Row length when batching = pack.
+  data.prefetch = 2  # Batches prepared ahead in a background thread.
+
+  config.optim = optim = ml_collections.ConfigDict()
+  optim.learning_rate_scale = 1.0  # Multiplies the schedule of section 5.3.
+  optim.warmup_steps = 4000  # Linear warmup steps of the schedule (5.3).
+  optim.adam_b1 = 0.9  # Adam beta1 (5.3).
+  optim.adam_b2 = 0.98  # Adam beta2 (5.3).
+  optim.adam_eps = 1e-9  # Adam epsilon (5.3).
+  optim.weight_decay = 0.0  # Decoupled weight decay (not in the paper).
+  optim.grad_clip_norm = 0.0  # Global gradient-norm clip; 0 = off (not in the paper).
+
+  config.train = train = ml_collections.ConfigDict()
+  train.num_steps = 100_000  # Training steps of the base model (5.2).
+  train.label_smoothing = 0.1  # eps_ls (5.4).
+  train.grad_accum_steps = 1  # Micro-batches summed into one update.
+  train.fsdp = False  # Also shard parameters and optimizer state over the data axis.
+  train.log_every = 100  # Steps between console/TensorBoard training metrics.
+  train.eval_every = 5000  # Steps between evaluations on data.eval_split.
+  train.checkpoint_every = 5000  # Steps between checkpoints.
+  train.keep_checkpoints = 5  # Checkpoints kept (the paper averages the last 5, 6).
+
+  config.decode = decode = ml_collections.ConfigDict()
+  decode.beam_size = 4  # Beam width (6.1).
+  decode.alpha = 0.6  # GNMT length penalty exponent (6.1).
+  decode.max_extra_len = 50  # Output length limit = input length + 50 (6.1).
+  return config

@@ -1,0 +1,90 @@
+"""Attention equals a naive per-head reference; masks do what they say."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import attention
+from transformer.attention import MultiHeadAttention
+from tests.helpers import tiny_config
+
+
+def naive_attention(q, k, v, mask):
+  """Per batch item and head, with numpy loops: softmax(q k^T / sqrt(d_k)) v."""
+  B, T, H, K = q.shape
+  out = np.zeros((B, T, H, K))
+  for b in range(B):
+    for h in range(H):
+      scores = q[b, :, h] @ k[b, :, h].T / math.sqrt(K)
+      if mask is not None:
+        m = np.broadcast_to(mask, (B, 1, T, k.shape[1]))[b, 0]
+        scores = np.where(m, scores, -1e30)
+      w = np.exp(scores - scores.max(-1, keepdims=True))
+      out[b, :, h] = (w / w.sum(-1, keepdims=True)) @ v[b, :, h]
+  return out
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+@pytest.mark.parametrize("masked", [False, True])
+def test_reference_and_fused_equal_naive(heads, masked):
+  rng = np.random.default_rng(heads)
+  q, k, v = (rng.normal(size=(2, 5 if i == 0 else 7, heads, 8)) for i in range(3))
+  mask = None
+  if masked:
+    key_tokens = np.array([[5, 6, 7, 0, 0, 0, 0], [5, 6, 7, 8, 9, 10, 11]])
+    mask = np.asarray(attention.padding_mask(jnp.asarray(key_tokens)))
+  expected = naive_attention(q, k, v, mask)
+  args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
+  jmask = None if mask is None else jnp.asarray(mask)
+  np.testing.assert_allclose(attention.reference_attention(*args, jmask), expected, atol=1e-5)
+  np.testing.assert_allclose(attention.fused_attention(*args, jmask), expected, atol=1e-5)
+
+
+def test_scale_is_one_head_not_d_model():
+  # With identical keys the output is v whatever the scale; so use two keys.
+  q = jnp.ones((1, 1, 2, 16)); k = jnp.stack([jnp.ones((2, 16)), jnp.zeros((2, 16))])[None]
+  v = jnp.stack([jnp.ones((2, 16)), jnp.zeros((2, 16))])[None]
+  out = attention.reference_attention(q, k, v, None)
+  p = 1 / (1 + math.exp(-16 / math.sqrt(16)))  # scores 16/sqrt(d_k=16) vs 0
+  np.testing.assert_allclose(out[0, 0, :, 0], [p, p], rtol=1e-5)
+
+
+def test_multi_head_split_merge_matches_per_head_matrices():
+  cfg = tiny_config()
+  mha = MultiHeadAttention(cfg, self_attention=False)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 3, cfg.d_model)), jnp.float32)
+  mem = jnp.asarray(rng.normal(size=(2, 5, cfg.d_model)), jnp.float32)
+  params = mha.init(jax.random.key(0), x, mem, None, deterministic=True)["params"]
+  out = mha.apply({"params": params}, x, mem, None, deterministic=True)
+  # Head i uses columns [i*K, (i+1)*K) of W_Q, W_K, W_V; the heads are concatenated
+  # and multiplied by W_O (section 3.2.2).
+  H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
+  mat = lambda n: (np.asarray(params[n]["kernel"]).reshape(D, H * K),
+                   np.asarray(params[n]["bias"]).reshape(H * K))
+  (wq, bq), (wk, bk), (wv, bv) = mat("query"), mat("key"), mat("value")
+  wo = np.asarray(params["out"]["kernel"]).reshape(H * K, D)
+  xs, ms = np.asarray(x), np.asarray(mem)
+  heads = []
+  for i in range(H):
+    cols = slice(i * K, (i + 1) * K)
+    q = xs @ wq[:, cols] + bq[cols]; k = ms @ wk[:, cols] + bk[cols]
+    v = ms @ wv[:, cols] + bv[cols]
+    s = np.einsum("btk,bsk->bts", q, k) / math.sqrt(K)
+    w = np.exp(s - s.max(-1, keepdims=True)); w /= w.sum(-1, keepdims=True)
+    heads.append(np.einsum("bts,bsk->btk", w, v))
+  expected = np.concatenate(heads, -1) @ wo + np.asarray(params["out"]["bias"])
+  np.testing.assert_allclose(out, expected, atol=1e-4)
+
+
+def test_masks():
+  causal = np.asarray(attention.causal_mask(3))[0, 0]
+  np.testing.assert_array_equal(causal, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
+  seg = jnp.asarray([[1, 1, 2, 0]])
+  m = np.asarray(attention.segment_mask(seg, seg))[0, 0]
+  assert m[0, 1] and not m[0, 2] and not m[2, 1] and m[2, 2] and not m[1, 3]
+  pad = np.asarray(attention.padding_mask(jnp.asarray([[4, 5, 0]])))
+  assert pad.shape == (1, 1, 1, 3) and pad[0, 0, 0].tolist() == [True, True, False]

@@ -1,0 +1,76 @@
+"""Configs: paper values, parameter counts, and named errors for bad values."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from configs import base, big, default
+from transformer.config import ModelConfig, check_config, model_config
+from transformer.summary import format_table, parameter_rows, parameter_shapes
+
+
+def count(config):
+  return sum(c for _, _, c in parameter_rows(parameter_shapes(model_config(config))))
+
+
+def test_base_and_big_parameter_counts_match_the_paper():
+  # Table 3: base 65M, big 213M with the shared ~37k vocabulary. Ours: embedding
+  # V*D once (shared, tied), 4 D^2 + 4 D per attention, 2 D d_ff + d_ff + D per FFN,
+  # 2 D per LayerNorm; no bias on the tied output.
+  n_base, n_big = count(base.get_config()), count(big.get_config())
+  assert n_base == 63_082_496
+  assert 63e6 * 0.98 <= n_base <= 65e6 * 1.02
+  assert abs(n_big - 213e6) / 213e6 <= 0.02
+
+
+def test_summary_command_prints_total_last():
+  out = subprocess.run([sys.executable, "-m", "transformer.summary", "--config",
+                        "configs/base.py"], capture_output=True, text=True, check=True)
+  last = out.stdout.strip().splitlines()[-1]
+  assert re.fullmatch(r"Total parameters: [\d,]+", last)
+  assert int(last.split(":")[1].replace(",", "")) == 63_082_496
+  assert "encoder/layer_0/self_attention" in out.stdout
+
+
+def test_summary_table_rows_add_up():
+  rows = parameter_rows(parameter_shapes(model_config(default.get_config())))
+  table = format_table(rows)
+  assert table.splitlines()[-1] == f"Total parameters: {sum(c for _, _, c in rows):,}"
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("num_heads", 7, "config.model.num_heads=7"),
+    ("dropout", -0.1, "config.model.dropout=-0.1"),
+    ("activation", "swish2", "config.model.activation='swish2'"),
+    ("norm_position", "middle", "config.model.norm_position"),
+    ("dtype", "float16", "config.model.dtype"),
+])
+def test_bad_model_values_name_the_field(field, value, message):
+  config = base.get_config()
+  config.model[field] = value
+  with pytest.raises(ValueError, match=re.escape(message)):
+    model_config(config)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("data.batching", "random"), ("data.tokens_per_batch", 0),
+    ("train.label_smoothing", 1.5), ("data.max_length", 1000),
+])
+def test_bad_other_values_name_the_field(field, value):
+  config = default.get_config()
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(ValueError, match=re.escape(f"config.{field}=")):
+    check_config(config)
+
+
+def test_unknown_model_field_is_an_error():
+  with pytest.raises(ValueError, match="unknown fields"):
+    ModelConfig.from_config({"d_model": 8, "num_hedas": 2})
+
+
+def test_all_configs_check():
+  for module in (base, big, default):
+    check_config(module.get_config())

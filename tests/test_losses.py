@@ -1,0 +1,51 @@
+"""Label-smoothed cross-entropy against a hand computation; padding is ignored."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import losses
+
+
+def test_label_smoothed_loss_by_hand():
+  logits = jnp.asarray([[[2.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 3.0], [5.0, 5.0, 5.0, 5.0]]])
+  targets = jnp.asarray([[1, 3, 0]])  # id 0 is padding
+  weights = losses.target_weights(targets)  # last token is padding
+  eps = 0.1
+  sums = losses.cross_entropy_sums(logits, targets, weights, label_smoothing=eps)
+
+  def smoothed(row, target):
+    logz = math.log(sum(math.exp(v) for v in row))
+    logp = [v - logz for v in row]
+    q = [eps / 4 + (1 - eps) * (i == target) for i in range(4)]
+    return -sum(qi * lp for qi, lp in zip(q, logp)), -logp[target]
+
+  (l0, n0), (l1, n1) = smoothed([2, 0, 0, 1], 1), smoothed([0, 1, 0, 3], 3)
+  assert float(sums["loss"]) == pytest.approx(l0 + l1, rel=1e-6)
+  assert float(sums["nll"]) == pytest.approx(n0 + n1, rel=1e-6)
+  assert float(sums["tokens"]) == 2.0 and float(sums["correct"]) == 1.0
+  per_token = losses.normalize(sums)
+  assert float(per_token["loss"]) == pytest.approx((l0 + l1) / 2, rel=1e-6)
+  assert float(per_token["accuracy"]) == 0.5
+
+
+def test_padding_positions_do_not_count():
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(2, 4, 7)), jnp.float32)
+  targets = jnp.asarray([[3, 4, 0, 0], [5, 6, 1, 0]])
+  sums = losses.cross_entropy_sums(logits, targets, losses.target_weights(targets))
+  other = logits.at[0, 2:].set(100.0).at[1, 3].set(-100.0)
+  sums2 = losses.cross_entropy_sums(other, targets, losses.target_weights(targets))
+  for key in sums:
+    assert float(sums[key]) == pytest.approx(float(sums2[key]), rel=1e-6)
+  assert float(sums["tokens"]) == 5.0
+
+
+def test_no_smoothing_is_plain_nll():
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(size=(1, 3, 5)), jnp.float32)
+  targets = jnp.asarray([[1, 2, 3]])
+  sums = losses.cross_entropy_sums(logits, targets, losses.target_weights(targets), 0.0)
+  assert float(sums["loss"]) == pytest.approx(float(sums["nll"]), rel=1e-6)

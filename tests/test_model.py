@@ -1,0 +1,190 @@
+"""Behaviour of the Transformer: positions, padding, causality, packing, caching, dtypes."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer.model import Embed, Transformer, shift_right, sinusoidal_table
+from tests.helpers import init_model, random_tokens, tiny_config
+
+
+@pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (99, 31)])
+def test_sinusoidal_encoding_matches_formula(pos, i):
+  d = 64
+  table = sinusoidal_table(100, d)
+  angle = pos / 10000 ** (2 * i / d)
+  assert table[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
+  assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_embedding_scaled_by_sqrt_d_model_and_shared_with_output():
+  cfg = tiny_config()
+  embed = Embed(cfg, cfg.input_vocab_size)
+  ids = jnp.asarray([[3, 5]])
+  params = embed.init(jax.random.key(0), ids)["params"]
+  table = np.asarray(params["embedding"])
+  np.testing.assert_allclose(embed.apply({"params": params}, ids)[0],
+                             table[[3, 5]] * math.sqrt(cfg.d_model), rtol=1e-6)
+  model, params = init_model(cfg, np.ones((1, 3), np.int32), np.ones((1, 3), np.int32))
+  assert set(params) == {"shared_embedding", "encoder", "decoder"}  # one matrix
+  untied, p2 = init_model(tiny_config(share_embeddings=False, tie_output=False,
+                                      output_vocab_size=19),
+                          np.ones((1, 3), np.int32), np.ones((1, 3), np.int32))
+  assert p2["target_embedding"]["embedding"].shape == (19, 32)
+  assert p2["decoder"]["logits"]["kernel"].shape == (32, 19)
+
+
+def test_shift_right_restarts_per_packed_segment():
+  targets = jnp.asarray([[5, 6, 3, 7, 3, 0]])
+  segments = jnp.asarray([[1, 1, 1, 2, 2, 0]])
+  np.testing.assert_array_equal(shift_right(targets, 2), [[2, 5, 6, 3, 7, 3]])
+  np.testing.assert_array_equal(shift_right(targets, 2, segments)[0, :5], [2, 5, 6, 2, 7])
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_padding_invariance(norm_position):
+  cfg = tiny_config(norm_position=norm_position)
+  rng = np.random.default_rng(0)
+  inputs = random_tokens(rng, [5, 3], 8)
+  targets = random_tokens(rng, [6, 2], 7)
+  model, params = init_model(cfg, inputs, targets)
+  logits = model.apply({"params": params}, inputs, targets)
+  # Garbage under the padding (non-zero ids would be real tokens, so we only
+  # widen the padding: extra pad columns on both sides).
+  wider_in = np.pad(inputs, ((0, 0), (0, 4)))
+  wider_tg = np.pad(targets, ((0, 0), (0, 3)))
+  logits_wide = model.apply({"params": params}, wider_in, wider_tg)
+  for b, n in enumerate([6, 2]):
+    np.testing.assert_allclose(logits_wide[b, :n], logits[b, :n], atol=1e-5)
+  # Source-side padding is masked out: the encoder output of real tokens and the
+  # decoder logits do not move when the pad positions hold other embeddings.
+  enc = model.apply({"params": params}, inputs, method=Transformer.encode)
+  enc_wide = model.apply({"params": params}, wider_in, method=Transformer.encode)
+  np.testing.assert_allclose(enc_wide[0, :5], enc[0, :5], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention_impl", ["fused", "reference"])
+def test_causality_by_perturbation_and_gradient(attention_impl):
+  cfg = tiny_config(attention_impl=attention_impl)
+  rng = np.random.default_rng(1)
+  inputs = random_tokens(rng, [6], 6)
+  targets = random_tokens(rng, [8], 8)
+  model, params = init_model(cfg, inputs, targets)
+  forward = jax.jit(lambda i, t: model.apply({"params": params}, i, t))
+  logits = forward(inputs, targets)
+  for t in range(7):
+    changed = targets.copy()
+    changed[0, t + 1:] = rng.integers(4, 23, size=7 - t)
+    # Logits at t predict target t from targets < t: targets >= t must not matter.
+    changed[0, t] = (targets[0, t] + 1 - 4) % 19 + 4
+    out = forward(inputs, changed)
+    np.testing.assert_allclose(out[0, :t + 1], logits[0, :t + 1], atol=1e-5)
+    assert not np.allclose(out[0, t + 1:], logits[0, t + 1:], atol=1e-5)
+
+  # The same through gradients: logits at t w.r.t. the decoder input vector at u.
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  decoder_inputs = shift_right(jnp.asarray(targets), cfg.bos_id)
+  grads = _grad_of_logits_wrt_positions(model, params, encoded, inputs, decoder_inputs)
+  for t in range(8):
+    assert np.all(grads[t, t + 1:] == 0.0), f"logits at {t} see later tokens"
+    assert np.all(grads[t, :t + 1] != 0.0)
+
+
+def _grad_of_logits_wrt_positions(model, params, encoded, inputs, decoder_inputs):
+  """[T, T]: |d logits[t] / d (decoder input vector at position u)|."""
+  cfg = model.config
+  T = decoder_inputs.shape[1]
+
+  def logit_sums_T(offsets_TxD):
+    # Learned positions initialised to the sinusoid give the same model, with a
+    # differentiable per-position input vector.
+    p = dict(params)
+    learned = {"embedding": jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model))
+               .at[:T].add(offsets_TxD)}
+    p["decoder"] = dict(p["decoder"], positional=learned)
+    out = Transformer(cfg.replace(positional="learned")).apply(
+        {"params": p}, encoded, inputs, decoder_inputs, method=Transformer.decode)
+    return out[0].sum(-1)
+
+  jacobian_TxTxD = jax.jit(jax.jacrev(logit_sums_T))(jnp.zeros((T, cfg.d_model)))
+  return np.abs(np.asarray(jacobian_TxTxD)).sum(-1)
+
+
+def test_packed_rows_equal_separate_examples():
+  cfg = tiny_config()
+  rng = np.random.default_rng(2)
+  srcs = [rng.integers(4, 23, size=n).astype(np.int32) for n in (4, 3)]
+  tgts = [rng.integers(4, 23, size=n).astype(np.int32) for n in (3, 5)]
+  model, params = init_model(cfg, srcs[0][None], tgts[0][None])
+  packed_in = np.zeros((1, 9), np.int32); packed_tg = np.zeros((1, 10), np.int32)
+  in_seg = np.zeros_like(packed_in); tg_seg = np.zeros_like(packed_tg)
+  in_pos = np.zeros_like(packed_in); tg_pos = np.zeros_like(packed_tg)
+  i = j = 0
+  for k, (s, t) in enumerate(zip(srcs, tgts)):
+    packed_in[0, i:i + len(s)] = s; in_seg[0, i:i + len(s)] = k + 1
+    in_pos[0, i:i + len(s)] = np.arange(len(s))
+    packed_tg[0, j:j + len(t)] = t; tg_seg[0, j:j + len(t)] = k + 1
+    tg_pos[0, j:j + len(t)] = np.arange(len(t))
+    i += len(s); j += len(t)
+  packed = model.apply({"params": params}, packed_in, packed_tg, in_seg, tg_seg,
+                       in_pos, tg_pos)
+  j = 0
+  for s, t in zip(srcs, tgts):
+    alone = model.apply({"params": params}, s[None], t[None])
+    np.testing.assert_allclose(packed[0, j:j + len(t)], alone[0], atol=1e-5)
+    j += len(t)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_cached_decoding_equals_full_forward(norm_position):
+  cfg = tiny_config(norm_position=norm_position)
+  rng = np.random.default_rng(3)
+  inputs = random_tokens(rng, [5, 3], 6)
+  targets = random_tokens(rng, [7, 7], 7)
+  model, params = init_model(cfg, inputs, targets)
+  full = model.apply({"params": params}, inputs, targets)
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  decoder_inputs = shift_right(jnp.asarray(targets), cfg.bos_id)
+  _, state = model.apply({"params": params}, encoded, inputs, jnp.zeros((2, 7), jnp.int32),
+                         decode=True, mutable=["cache"], method=Transformer.decode)
+  cache = state["cache"]
+  for t in range(7):
+    step_logits, state = model.apply(
+        {"params": params, "cache": cache}, encoded, inputs, decoder_inputs[:, t:t + 1],
+        decode=True, mutable=["cache"], method=Transformer.decode)
+    cache = state["cache"]
+    # Same arithmetic in another order (one query row at a time): float32 round-off.
+    np.testing.assert_allclose(step_logits[:, 0], full[:, t], atol=1e-4)
+
+
+def test_dropout_is_active_only_in_training():
+  cfg = tiny_config(dropout=0.3)
+  rng = np.random.default_rng(4)
+  inputs = random_tokens(rng, [5], 5); targets = random_tokens(rng, [5], 5)
+  model, params = init_model(cfg, inputs, targets)
+  det = model.apply({"params": params}, inputs, targets)
+  np.testing.assert_array_equal(det, model.apply({"params": params}, inputs, targets))
+  a = model.apply({"params": params}, inputs, targets, deterministic=False,
+                  rngs={"dropout": jax.random.key(1)})
+  b = model.apply({"params": params}, inputs, targets, deterministic=False,
+                  rngs={"dropout": jax.random.key(2)})
+  assert not np.allclose(a, b) and not np.allclose(a, det)
+
+
+def test_bfloat16_compute_is_finite_and_close_to_float32():
+  rng = np.random.default_rng(5)
+  inputs = random_tokens(rng, [6, 4], 6); targets = random_tokens(rng, [5, 5], 5)
+  model32, params = init_model(tiny_config(), inputs, targets)
+  model16 = Transformer(tiny_config(dtype="bfloat16"))
+  out32 = model32.apply({"params": params}, inputs, targets)
+  out16 = model16.apply({"params": params}, inputs, targets)
+  assert out16.dtype == jnp.float32  # logits stay float32
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+  assert np.all(np.isfinite(out16))
+  # bf16 keeps ~3 significant digits; logits here are O(1).
+  np.testing.assert_allclose(out16, out32, atol=0.15)
+  probs32 = jax.nn.softmax(out32); probs16 = jax.nn.softmax(out16)
+  assert float(jnp.abs(probs32 - probs16).max()) < 0.02

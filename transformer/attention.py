@@ -1,0 +1,126 @@
+"""Masks and multi-head attention (section 3.2), with an optional key/value cache.
+
+Shapes: B batch, T query length, S key length, H heads, K head dim (d_k = d_v),
+D model width. Masks are boolean, True where attention is allowed, and have
+shape [B, 1, T, S] (or broadcast to it): the 1 is the head axis.
+"""
+
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.config import ModelConfig
+
+Array = jax.Array
+
+
+def padding_mask(key_tokens_BxS: Array, pad_id: int = 0) -> Array:
+  """[B, 1, 1, S]: every query may attend to every non-pad key."""
+  return (key_tokens_BxS != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+  """[1, 1, T, T]: position t attends to positions <= t (decoder, section 3.2.3)."""
+  return jnp.tril(jnp.ones((length, length), jnp.bool_))[None, None]
+
+
+def segment_mask(query_segments_BxT: Array, key_segments_BxS: Array) -> Array:
+  """[B, 1, T, S]: packed examples (segment ids) never attend to each other."""
+  return (query_segments_BxT[:, None, :, None] == key_segments_BxS[:, None, None, :])
+
+
+def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  mask = masks[0]
+  for m in masks[1:]:
+    mask = jnp.logical_and(mask, m)
+  return mask
+
+
+def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, dropout_rate=0.0,
+                        dropout_rng=None):
+  """softmax(Q K^T / sqrt(d_k)) V, written out: the definition the fused path must match.
+
+  The scale is 1/sqrt(d_k) of ONE head (section 3.2.1). Scores and softmax are in
+  float32 whatever the compute dtype: bf16 exponentials lose too much precision.
+  """
+  scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
+  scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+                              preferred_element_type=jnp.float32) * scale
+  if mask is not None:
+    # A large finite negative rather than -inf: a fully masked row (a padding
+    # query) then gives a uniform distribution instead of NaN.
+    scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
+  probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
+  if dropout_rate > 0.0 and dropout_rng is not None:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BxHxTxS.shape)
+    probs_BxHxTxS = jnp.where(keep, probs_BxHxTxS / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+
+
+def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask):
+  """The same function through jax.nn.dot_product_attention (cuDNN on a GPU)."""
+  return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask,
+                                      scale=1.0 / math.sqrt(q_BxTxHxK.shape[-1]))
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O (section 3.2.2).
+
+  W_Q, W_K, W_V are each one D x (H*K) matrix viewed as H heads of size K.
+  With `decode=True`, self-attention appends each step's key/value to a cache of
+  the length it was created with; cross-attention computes the encoder's keys and
+  values when the cache is created and reuses them at every step.
+  """
+
+  config: ModelConfig
+  self_attention: bool
+
+  @nn.compact
+  def __call__(self, x_BxTxD, memory_BxSxD, mask, *, deterministic: bool,
+               decode: bool = False, decode_step: Optional[Array] = None):
+    cfg = self.config
+    dense = lambda name: nn.DenseGeneral(
+        (cfg.num_heads, cfg.head_dim), dtype=cfg.compute_dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name=name)
+    q_BxTxHxK = dense("query")(x_BxTxD)
+
+    if decode and not self.self_attention and self.has_variable("cache", "cached_key"):
+      # Every step after the first: the encoder's keys and values never change.
+      k_BxSxHxK = self.get_variable("cache", "cached_key")
+      v_BxSxHxK = self.get_variable("cache", "cached_value")
+    else:
+      k_BxSxHxK = dense("key")(memory_BxSxD)
+      v_BxSxHxK = dense("value")(memory_BxSxD)
+      if decode and not self.self_attention:  # Creating the cache.
+        self.put_variable("cache", "cached_key", k_BxSxHxK)
+        self.put_variable("cache", "cached_value", v_BxSxHxK)
+
+    if decode and self.self_attention:
+      cached = self.has_variable("cache", "cached_key")
+      key = self.variable("cache", "cached_key", jnp.zeros, k_BxSxHxK.shape, k_BxSxHxK.dtype)
+      value = self.variable("cache", "cached_value", jnp.zeros, v_BxSxHxK.shape, v_BxSxHxK.dtype)
+      if cached:  # One step: x is [B, 1, D]; write it at decode_step, attend to <= step.
+        start = (0, decode_step, 0, 0)
+        key.value = jax.lax.dynamic_update_slice(key.value, k_BxSxHxK, start)
+        value.value = jax.lax.dynamic_update_slice(value.value, v_BxSxHxK, start)
+        k_BxSxHxK, v_BxSxHxK = key.value, value.value
+        mask = (jnp.arange(k_BxSxHxK.shape[1]) <= decode_step)[None, None, None, :]
+
+    use_reference = (cfg.attention_impl == "reference"
+                     or (cfg.attention_dropout > 0.0 and not deterministic))
+    if use_reference:
+      rng = None if deterministic else self.make_rng("dropout")
+      out_BxTxHxK = reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask,
+                                        dropout_rate=cfg.attention_dropout,
+                                        dropout_rng=rng)
+    else:
+      out_BxTxHxK = fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask)
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.compute_dtype,
+                           kernel_init=nn.initializers.xavier_uniform(),
+                           name="out")(out_BxTxHxK)

@@ -1,0 +1,129 @@
+"""The model's configuration: a frozen dataclass built once from the ConfigDict.
+
+The ml_collections ConfigDict stops here (house style): the model sees only
+`ModelConfig`, and evaluation or decoding variants are derived with `.replace()`.
+Every value is checked at start-up, and a bad one names its config field.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+ACTIVATIONS = ("relu", "gelu", "silu")
+POSITIONAL = ("sinusoidal", "learned")
+NORM_POSITIONS = ("post", "pre")
+ATTENTION_TYPES = ("scaled_dot",)
+ATTENTION_IMPLEMENTATIONS = ("fused", "reference")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of the Transformer; defaults are the paper's base model."""
+
+  input_vocab_size: int = 37000
+  output_vocab_size: int = 37000
+  share_embeddings: bool = True  # Source and target embeddings are one matrix (3.4).
+  tie_output: bool = True  # Pre-softmax projection = target embedding (3.4).
+  num_layers: int = 6  # N (3.1); the encoder and decoder each have N layers.
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8  # h; d_k = d_v = d_model / h (3.2.2).
+  dropout: float = 0.1  # P_drop (5.4).
+  attention_dropout: float = 0.0  # On attention probabilities; not in the paper.
+  activation: str = "relu"  # FFN(x) = max(0, x W1 + b1) W2 + b2 (3.3).
+  norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as the paper.
+  positional: str = "sinusoidal"  # Section 3.5; "learned" is Table 3 row (E).
+  max_len: int = 256  # Longest position the model can represent.
+  attention_type: str = "scaled_dot"  # softmax(QK^T / sqrt(d_k)) V (3.2.1).
+  attention_impl: str = "fused"  # jax.nn.dot_product_attention, or "reference".
+  dtype: str = "float32"  # Compute dtype; parameters always stay float32.
+  pad_id: int = 0
+  bos_id: int = 2
+
+  def __post_init__(self):
+    def check(ok, field, message):
+      if not ok:
+        raise ValueError(f"config.model.{field}={getattr(self, field)!r}: {message}")
+
+    for field in ("input_vocab_size", "output_vocab_size", "num_layers", "d_model",
+                  "d_ff", "num_heads", "max_len"):
+      check(getattr(self, field) > 0, field, "must be a positive integer")
+    check(self.d_model % self.num_heads == 0, "num_heads",
+          f"d_model={self.d_model} must be divisible by the number of heads")
+    for field in ("dropout", "attention_dropout"):
+      check(0.0 <= getattr(self, field) < 1.0, field, "must be in [0, 1)")
+    check(self.activation in ACTIVATIONS, "activation", f"must be one of {ACTIVATIONS}")
+    check(self.norm_position in NORM_POSITIONS, "norm_position",
+          f"must be one of {NORM_POSITIONS}")
+    check(self.positional in POSITIONAL, "positional", f"must be one of {POSITIONAL}")
+    check(self.attention_type in ATTENTION_TYPES, "attention_type",
+          f"must be one of {ATTENTION_TYPES}")
+    check(self.attention_impl in ATTENTION_IMPLEMENTATIONS, "attention_impl",
+          f"must be one of {ATTENTION_IMPLEMENTATIONS}")
+    check(self.dtype in DTYPES, "dtype", f"must be one of {tuple(DTYPES)}")
+    check(not self.share_embeddings or self.input_vocab_size == self.output_vocab_size,
+          "share_embeddings", "a shared embedding needs input_vocab_size == "
+          f"output_vocab_size (got {self.input_vocab_size} and {self.output_vocab_size})")
+    check(self.pad_id != self.bos_id, "bos_id", "must differ from pad_id")
+
+  def replace(self, **changes) -> "ModelConfig":
+    """A variant (e.g. for evaluation or decoding), checked like the original."""
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    return DTYPES[self.dtype]
+
+  @classmethod
+  def from_config(cls, model_config, **overrides) -> "ModelConfig":
+    """Builds a ModelConfig from `config.model` (a ConfigDict or dict)."""
+    values = dict(model_config.to_dict() if hasattr(model_config, "to_dict")
+                  else model_config)
+    values.update(overrides)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"config.model has unknown fields {unknown}; known: {sorted(known)}")
+    return cls(**values)
+
+
+def model_config(config, vocab_size: int = 0, **overrides) -> ModelConfig:
+  """The ModelConfig of a full experiment config; the vocabulary size comes from
+  the tokenizer when there is one, else from `config.data.vocab_size`."""
+  vocab_size = vocab_size or config.data.vocab_size
+  return ModelConfig.from_config(config.model, input_vocab_size=vocab_size,
+                                 output_vocab_size=vocab_size, **overrides)
+
+
+def check_config(config) -> None:
+  """Checks the fields outside `config.model`; raises ValueError naming the field."""
+
+  def check(ok, field, message):
+    if not ok:
+      section, name = field.split(".")
+      raise ValueError(f"config.{field}={config[section][name]!r}: {message}")
+
+  check(config.data.batching in ("bucket", "pack"), "data.batching", "must be bucket or pack")
+  check(config.data.overlong in ("drop", "truncate"), "data.overlong",
+        "must be drop or truncate")
+  check(config.data.vocab_type in ("bpe", "unigram", "word"), "data.vocab_type",
+        "must be bpe, unigram or word")
+  for field in ("data.vocab_size", "data.max_length", "data.tokens_per_batch",
+                "data.pack_length", "optim.warmup_steps", "train.num_steps",
+                "train.grad_accum_steps", "train.log_every", "train.eval_every",
+                "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size"):
+    section, name = field.split(".")
+    check(config[section][name] > 0, field, "must be a positive integer")
+  check(config.data.max_length <= config.model.max_len, "data.max_length",
+        f"must be <= model.max_len={config.model.max_len}")
+  check(0.0 <= config.train.label_smoothing < 1.0, "train.label_smoothing",
+        "must be in [0, 1)")
+  check(config.optim.learning_rate_scale > 0, "optim.learning_rate_scale", "must be > 0")
+  check(config.decode.alpha >= 0, "decode.alpha", "must be >= 0")
+  model_config(config)  # The model fields check themselves.

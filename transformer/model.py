@@ -1,0 +1,269 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in Flax linen.
+
+Shapes: B batch, S source length, T target length, D d_model, V vocabulary.
+Token ids are int32 with 0 = padding. Packed rows carry segment ids (1, 2, ...;
+0 on padding) and positions that restart at 0 for every packed example.
+"""
+
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer import attention
+from transformer.attention import MultiHeadAttention
+from transformer.config import ModelConfig
+
+Array = jax.Array
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
+  """[max_len, D]: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...) (3.5)."""
+  pos_Lx1 = np.arange(max_len, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)
+  angles = pos_Lx1 / np.power(10000.0, two_i / d_model)[None, :]
+  table = np.zeros((max_len, d_model), dtype=np.float32)
+  table[:, 0::2] = np.sin(angles)
+  table[:, 1::2] = np.cos(angles[:, : d_model // 2])
+  return table
+
+
+def shift_right(targets_BxT: Array, bos_id: int, segments_BxT: Optional[Array] = None):
+  """Decoder inputs for teacher forcing: BOS, then the targets one step late.
+
+  In packed rows every example starts with its own BOS.
+  """
+  shifted_BxT = jnp.pad(targets_BxT, ((0, 0), (1, 0)), constant_values=bos_id)[:, :-1]
+  if segments_BxT is not None:
+    previous_BxT = jnp.pad(segments_BxT, ((0, 0), (1, 0)))[:, :-1]
+    shifted_BxT = jnp.where(segments_BxT != previous_BxT, bos_id, shifted_BxT)
+  return shifted_BxT
+
+
+class Embed(nn.Module):
+  """Learned token embeddings, multiplied by sqrt(d_model) (section 3.4)."""
+
+  config: ModelConfig
+  vocab_size: int
+
+  def setup(self):
+    # Normal(0, D^-0.5): after the sqrt(D) scale the embedded tokens have unit
+    # variance, like the positional encodings they are added to.
+    self.embedding = self.param(
+        "embedding", nn.initializers.normal(stddev=self.config.d_model**-0.5),
+        (self.vocab_size, self.config.d_model), jnp.float32)
+
+  def __call__(self, ids):
+    x = jnp.take(self.embedding, ids, axis=0) * math.sqrt(self.config.d_model)
+    return x.astype(self.config.compute_dtype)
+
+  def attend(self, x_BxTxD):
+    """The pre-softmax projection sharing this matrix: logits in float32 (3.4)."""
+    return jnp.einsum("btd,vd->btv", x_BxTxD,
+                      self.embedding.astype(self.config.compute_dtype),
+                      preferred_element_type=jnp.float32)
+
+
+class PositionalEncoding(nn.Module):
+  """Adds position information: sinusoidal (3.5) or learned (Table 3 row E)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD, positions_BxT):
+    cfg = self.config
+    if cfg.positional == "learned":
+      table = self.param("embedding", nn.initializers.normal(stddev=0.02),
+                         (cfg.max_len, cfg.d_model), jnp.float32)
+    else:
+      table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model))
+    return x_BxTxD + jnp.take(table, positions_BxT, axis=0).astype(x_BxTxD.dtype)
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position (3.3)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxTxD):
+    cfg = self.config
+    dense = lambda features, name: nn.Dense(
+        features, dtype=cfg.compute_dtype, name=name,
+        kernel_init=nn.initializers.xavier_uniform())
+    h_BxTxF = getattr(jax.nn, cfg.activation)(dense(cfg.d_ff, "inner")(x_BxTxD))
+    return dense(cfg.d_model, "outer")(h_BxTxF)
+
+
+def _residual(cfg: ModelConfig, x, sublayer, *, deterministic: bool, name: str):
+  """Post-LN: LayerNorm(x + Dropout(Sublayer(x))) (3.1, 5.4); pre-LN: x + Dropout(Sublayer(LayerNorm(x)))."""
+  norm = nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name=f"{name}_norm")
+  y = sublayer(norm(x) if cfg.norm_position == "pre" else x)
+  y = nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+  return x + y if cfg.norm_position == "pre" else norm(x + y)
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention, then feed-forward, each inside a residual block."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BxSxD, mask, *, deterministic: bool):
+    cfg = self.config
+    attend = MultiHeadAttention(cfg, self_attention=True, name="self_attention")
+    x_BxSxD = _residual(cfg, x_BxSxD,
+                        lambda h: attend(h, h, mask, deterministic=deterministic),
+                        deterministic=deterministic, name="self_attention")
+    return _residual(cfg, x_BxSxD, FeedForward(cfg, name="feed_forward"),
+                     deterministic=deterministic, name="feed_forward")
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention, feed-forward (3.1)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, *,
+               deterministic: bool, decode: bool = False, decode_step=None):
+    cfg = self.config
+    self_attend = MultiHeadAttention(cfg, self_attention=True, name="self_attention")
+    cross_attend = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
+    y_BxTxD = _residual(
+        cfg, y_BxTxD,
+        lambda h: self_attend(h, h, self_mask, deterministic=deterministic,
+                              decode=decode, decode_step=decode_step),
+        deterministic=deterministic, name="self_attention")
+    y_BxTxD = _residual(
+        cfg, y_BxTxD,
+        lambda h: cross_attend(h, encoded_BxSxD, cross_mask,
+                               deterministic=deterministic, decode=decode),
+        deterministic=deterministic, name="cross_attention")
+    return _residual(cfg, y_BxTxD, FeedForward(cfg, name="feed_forward"),
+                     deterministic=deterministic, name="feed_forward")
+
+
+def _positions(tokens_BxT, positions_BxT):
+  if positions_BxT is not None:
+    return positions_BxT
+  return jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
+
+
+class Encoder(nn.Module):
+  """Embedding + positions, N encoder layers (and a final LayerNorm when pre-LN)."""
+
+  config: ModelConfig
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs_BxS, inputs_segmentation=None, inputs_position=None, *,
+               deterministic: bool):
+    cfg = self.config
+    x_BxSxD = PositionalEncoding(cfg, name="positional")(
+        self.embed(inputs_BxS), _positions(inputs_BxS, inputs_position))
+    x_BxSxD = nn.Dropout(cfg.dropout)(x_BxSxD, deterministic=deterministic)
+    mask = attention.padding_mask(inputs_BxS, cfg.pad_id)
+    if inputs_segmentation is not None:
+      mask = attention.combine_masks(
+          mask, attention.segment_mask(inputs_segmentation, inputs_segmentation))
+    for i in range(cfg.num_layers):
+      x_BxSxD = EncoderLayer(cfg, name=f"layer_{i}")(x_BxSxD, mask,
+                                                     deterministic=deterministic)
+    if cfg.norm_position == "pre":
+      x_BxSxD = nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name="final_norm")(x_BxSxD)
+    return x_BxSxD
+
+
+class Decoder(nn.Module):
+  """Embedding + positions, N decoder layers, then the pre-softmax projection."""
+
+  config: ModelConfig
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, encoded_BxSxD, inputs_BxS, decoder_inputs_BxT,
+               inputs_segmentation=None, targets_segmentation=None,
+               targets_position=None, *, deterministic: bool, decode: bool = False):
+    cfg = self.config
+    cross_mask = attention.padding_mask(inputs_BxS, cfg.pad_id)
+    self_mask = attention.causal_mask(decoder_inputs_BxT.shape[1])
+    if targets_segmentation is not None:
+      self_mask = attention.combine_masks(
+          self_mask, attention.segment_mask(targets_segmentation, targets_segmentation))
+      cross_mask = attention.combine_masks(
+          cross_mask, attention.segment_mask(targets_segmentation, inputs_segmentation))
+    decode_step = None
+    positions_BxT = _positions(decoder_inputs_BxT, targets_position)
+    if decode:
+      # One shared step counter; it exists once the cache has been created.
+      stepping = self.has_variable("cache", "step")
+      step = self.variable("cache", "step", lambda: jnp.zeros((), jnp.int32))
+      if stepping:
+        decode_step = step.value
+        step.value = decode_step + 1
+        positions_BxT = jnp.full(decoder_inputs_BxT.shape, decode_step)
+        self_mask = None  # The cache builds its own: keys at positions <= step.
+
+    y_BxTxD = PositionalEncoding(cfg, name="positional")(
+        self.embed(decoder_inputs_BxT), positions_BxT)
+    y_BxTxD = nn.Dropout(cfg.dropout)(y_BxTxD, deterministic=deterministic)
+    for i in range(cfg.num_layers):
+      y_BxTxD = DecoderLayer(cfg, name=f"layer_{i}")(
+          y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic=deterministic,
+          decode=decode, decode_step=decode_step)
+    if cfg.norm_position == "pre":
+      y_BxTxD = nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name="final_norm")(y_BxTxD)
+    if cfg.tie_output:
+      return self.embed.attend(y_BxTxD)
+    return nn.Dense(cfg.output_vocab_size, use_bias=False, dtype=cfg.compute_dtype,
+                    name="logits")(y_BxTxD).astype(jnp.float32)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer with separate `encode` and `decode` entry points."""
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_embeddings:
+      source_embed = target_embed = Embed(cfg, cfg.input_vocab_size, name="shared_embedding")
+    else:
+      source_embed = Embed(cfg, cfg.input_vocab_size, name="source_embedding")
+      target_embed = Embed(cfg, cfg.output_vocab_size, name="target_embedding")
+    self.encoder = Encoder(cfg, source_embed)
+    self.decoder = Decoder(cfg, target_embed)
+
+  def encode(self, inputs_BxS, inputs_segmentation=None, inputs_position=None, *,
+             deterministic: bool = True):
+    """[B, S] source ids -> [B, S, D] encoder output."""
+    return self.encoder(inputs_BxS, inputs_segmentation, inputs_position,
+                        deterministic=deterministic)
+
+  def decode(self, encoded_BxSxD, inputs_BxS, decoder_inputs_BxT,
+             inputs_segmentation=None, targets_segmentation=None, targets_position=None,
+             *, deterministic: bool = True, decode: bool = False):
+    """Decoder inputs (BOS-shifted targets) and encoder output -> [B, T, V] float32 logits.
+
+    With `decode=True` and a 'cache' collection, `decoder_inputs_BxT` is one step
+    ([B, 1]). Called with `decode=True`, no cache and mutable=['cache'], it creates
+    a cache for T steps (see transformer.decode).
+    """
+    return self.decoder(encoded_BxSxD, inputs_BxS, decoder_inputs_BxT,
+                        inputs_segmentation, targets_segmentation, targets_position,
+                        deterministic=deterministic, decode=decode)
+
+  def __call__(self, inputs_BxS, targets_BxT, inputs_segmentation=None,
+               targets_segmentation=None, inputs_position=None, targets_position=None,
+               *, deterministic: bool = True):
+    """Teacher-forced forward pass: [B, T, V] float32 logits predicting `targets`."""
+    encoded_BxSxD = self.encode(inputs_BxS, inputs_segmentation, inputs_position,
+                                deterministic=deterministic)
+    decoder_inputs_BxT = shift_right(targets_BxT, self.config.bos_id, targets_segmentation)
+    return self.decode(encoded_BxSxD, inputs_BxS, decoder_inputs_BxT,
+                       inputs_segmentation, targets_segmentation, targets_position,
+                       deterministic=deterministic)

@@ -1,0 +1,59 @@
+"""Parameter table of a config's model.
+
+  python -m transformer.summary --config configs/base.py
+
+Prints one row per module (path, parameter shapes, count) and, last, the line
+`Total parameters: N`. Shapes come from jax.eval_shape: nothing is allocated.
+"""
+
+import collections
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+from ml_collections import config_flags
+
+from transformer.config import model_config
+from transformer.model import Transformer
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+
+
+def parameter_shapes(cfg):
+  """The model's parameter tree as ShapeDtypeStructs."""
+  ids = jnp.ones((1, 4), jnp.int32)
+  variables = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), ids, ids)
+  return variables["params"]
+
+
+def parameter_rows(params, depth: int = 3):
+  """[(module path, [leaf shapes], count)] grouped by the first `depth` path parts."""
+  rows = collections.OrderedDict()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    names = [p.key for p in path]
+    module = "/".join(names[:-1][:depth])
+    shapes, count = rows.get(module, ([], 0))
+    rows[module] = (shapes + [tuple(leaf.shape)], count + leaf.size)
+  return [(module, shapes, count) for module, (shapes, count) in rows.items()]
+
+
+def format_table(rows) -> str:
+  width = max(len(module) for module, _, _ in rows)
+  lines = [f"{'module':<{width}}  {'parameters':>12}  shapes"]
+  for module, shapes, count in rows:
+    shown = " ".join("x".join(map(str, s)) for s in shapes)
+    lines.append(f"{module:<{width}}  {count:>12,}  {shown}")
+  total = sum(count for _, _, count in rows)
+  lines.append(f"Total parameters: {total:,}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  print(format_table(parameter_rows(parameter_shapes(model_config(_CONFIG.value)))))
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)
