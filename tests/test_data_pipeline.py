@@ -134,24 +134,33 @@ def test_resume_through_prefetch(mode):
   resumed.close()
 
 
-def test_prefetch_reraises_producer_errors():
-  pre = pipeline.prefetch(iter_with_state(iter([1, 2])), 2)
-  assert list(itertools.islice(pre, 5)) == [1, 2]
-  with pytest.raises(StopIteration):
-    next(pre)
+class _Stateful:
+  """Iterator with get_state, over `items`; an Exception item is raised."""
 
-
-class iter_with_state:  # pylint: disable=invalid-name
-  def __init__(self, it):
-    self.it, self.n = it, 0
+  def __init__(self, items):
+    self.items, self.n = list(items), 0
 
   def __next__(self):
-    x = next(self.it)
+    if self.n == len(self.items):
+      raise StopIteration
     self.n += 1
-    return x
+    if isinstance(self.items[self.n - 1], Exception):
+      raise self.items[self.n - 1]
+    return self.items[self.n - 1]
 
   def get_state(self):
     return {'n': self.n}
+
+
+def test_prefetch_passes_on_end_and_errors():
+  pre = pipeline.prefetch(_Stateful([1, 2]), 2)
+  assert list(itertools.islice(pre, 5)) == [1, 2]
+  pre = pipeline.prefetch(_Stateful([1, ValueError('bad batch'), 3]), 2)
+  assert next(pre) == 1
+  for _ in range(2):  # Raised again on later calls, never a silent hang.
+    with pytest.raises(ValueError, match='bad batch'):
+      next(pre)
+  assert pre.get_state() == {'n': 1}
 
 
 @pytest.mark.parametrize('mode', ['bucket', 'pack'])

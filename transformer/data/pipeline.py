@@ -7,9 +7,13 @@ target tokens separately, each side at most tokens_per_batch (as in the paper,
 ~25000 source + ~25000 target tokens per step). In pack mode B * pack_length
 <= tokens_per_batch likewise.
 
+Pack mode adds `inputs_segmentation`/`targets_segmentation` (1, 2, ... per
+example in a row, 0 on padding) and `inputs_position`/`targets_position` (0, 1,
+... within each example, 0 on padding). Eval batches are never packed.
+
 Budgets and row counts are global (all hosts): `batch_multiple` is the global
-number of data-parallel devices and must be divisible by `shard_count`; host
-`shard_index` keeps rows [k * B/shard_count, (k+1) * B/shard_count).
+number of data-parallel devices and must be divisible by `shard_count`; host k
+(`shard_index`) keeps the contiguous rows [k * B/shard_count, (k+1) * B/shard_count).
 
 Every batch has the same row count within its bucket: an epoch's last partial
 batch of each bucket is filled with all-PAD rows, so the loss must be weighted
