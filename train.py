@@ -1,0 +1,35 @@
+"""Trains a Transformer: flags only; the work is in transformer.training.
+
+  python train.py --config configs/default.py [--workdir DIR] [--config.field=value ...]
+
+The workdir defaults to runs/<config file stem>. Rerunning the same command
+resumes from the latest checkpoint in the workdir.
+"""
+
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from transformer import training
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the vocabulary "
+                               "go; default runs/<config file stem>.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config_path = flags.FLAGS["config"].config_filename
+  stem = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
+  workdir = _WORKDIR.value or os.path.join("runs", stem)
+  logging.info("Config:\n%s", _CONFIG.value)
+  training.train_and_evaluate(_CONFIG.value, workdir)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

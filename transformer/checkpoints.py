@@ -1,0 +1,79 @@
+"""Orbax checkpoints of the training state and the data iterator's position.
+
+Orbax writes each step into a temporary directory and renames it when complete,
+so a run killed while saving resumes from the last complete checkpoint. A
+checkpoint that is present but unreadable is skipped with a warning in favour of
+the next older one.
+"""
+
+import os
+
+from absl import logging
+import jax
+import orbax.checkpoint as ocp
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+class Checkpointer:
+  """Saves and restores {state, data iterator state} under `directory`."""
+
+  def __init__(self, directory: str, keep: int = 5, read_only: bool = False):
+    self.directory = os.path.abspath(directory)
+    if read_only and not os.path.isdir(self.directory):
+      raise FileNotFoundError(f"no checkpoints at {self.directory}")
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
+                                           read_only=read_only)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=("state", "data"))
+
+  def steps(self):
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self):
+    return self._manager.latest_step()
+
+  def save(self, step: int, state, data_state: dict) -> None:
+    self._manager.save(int(step), args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+
+  def restore(self, abstract_state, shardings, step=None):
+    """(state, data_state, step) of `step`, or of the newest readable checkpoint.
+
+    Returns None when there is no checkpoint at all. `abstract_state` gives the
+    tree and dtypes, `shardings` where each leaf goes.
+    """
+    candidates = [step] if step is not None else self.steps()[::-1]
+    if step is not None and step not in self.steps():
+      raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; "
+                              f"steps present: {self.steps()}")
+    target = _abstract(abstract_state, shardings)
+    errors = []
+    for candidate in candidates:
+      try:
+        restored = self._manager.restore(candidate, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+        if errors:
+          logging.warning("Restored step %d after skipping unreadable checkpoints: %s",
+                          candidate, "; ".join(errors))
+        return restored.state, restored.data, candidate
+      except Exception as e:  # pylint: disable=broad-except
+        if step is not None:
+          raise RuntimeError(f"checkpoint {candidate} in {self.directory} is unreadable: "
+                             f"{e}") from e
+        errors.append(f"step {candidate}: {type(e).__name__}: {str(e)[:200]}")
+        logging.warning("Checkpoint step %d is unreadable (%s); trying an older one.",
+                        candidate, e)
+    if errors:
+      raise RuntimeError(f"no readable checkpoint in {self.directory}: {'; '.join(errors)}")
+    return None
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

@@ -1,0 +1,261 @@
+"""Training: the state, pure jitted train/eval steps, and the train_and_evaluate loop.
+
+  python train.py --config configs/default.py --workdir runs/default
+"""
+
+import functools
+import json
+import os
+import time
+
+from absl import logging
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.metrics import tensorboard
+
+from transformer import checkpoints, data as data_lib, losses, optim, sharding
+from transformer.config import check_config, model_config
+from transformer.model import Transformer
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: Array  # int32 scalar: updates applied so far.
+  params: dict
+  opt_state: optax.OptState
+  rng: Array  # uint32 key data; the dropout key of a step is fold_in(rng, step).
+
+
+def create_state(model, tx, rng, batch_shape=(1, 8)) -> TrainState:
+  ids = jnp.ones(batch_shape, jnp.int32)
+  init_rng, train_rng = jax.random.split(rng)
+  params = model.init(init_rng, ids, ids)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=tx.init(params), rng=jax.random.key_data(train_rng))
+
+
+# ----------------------------------------------------------------------------
+# Steps: pure functions of (state, batch); jitted once in `compile_steps`.
+# ----------------------------------------------------------------------------
+
+def _model_inputs(batch):
+  return dict(inputs_BxS=batch["inputs"], targets_BxT=batch["targets"],
+              inputs_segmentation=batch.get("inputs_segmentation"),
+              targets_segmentation=batch.get("targets_segmentation"),
+              inputs_position=batch.get("inputs_position"),
+              targets_position=batch.get("targets_position"))
+
+
+def loss_sums(params, batch, model, label_smoothing, rng=None):
+  """Summed loss/nll/correct/tokens over the real target tokens of `batch`."""
+  deterministic = rng is None
+  logits = model.apply({"params": params}, **_model_inputs(batch),
+                        deterministic=deterministic,
+                        rngs=None if deterministic else {"dropout": rng})
+  return losses.cross_entropy_sums(logits, batch["targets"],
+                                   losses.target_weights(batch["targets"]),
+                                   label_smoothing)
+
+
+def train_step(state, batch, *, model, tx, label_smoothing, grad_accum_steps=1):
+  """One update from a batch of k micro-batches; gradients are of the mean loss
+  per real target token over the whole batch, whatever k is."""
+  dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+
+  def micro_batches(x):  # [B, ...] -> [k, B/k, ...]; row r goes to micro-batch r % k,
+    rows = x.shape[0]  # which keeps each device's rows on that device.
+    x = x.reshape((rows // grad_accum_steps, grad_accum_steps) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+
+  def accumulate(carry, micro):
+    index, micro_batch = micro
+    rng = jax.random.fold_in(dropout_rng, index)
+
+    def loss_fn(params):
+      sums = loss_sums(params, micro_batch, model, label_smoothing, rng)
+      return sums["loss"], sums
+
+    grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+  zeros = (jax.tree.map(jnp.zeros_like, state.params),
+           {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")})
+  (grad_sums, sums), _ = jax.lax.scan(
+      accumulate, zeros,
+      (jnp.arange(grad_accum_steps), jax.tree.map(micro_batches, batch)))
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grad_sums)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = losses.normalize(sums)
+  metrics.update(grad_norm=optax.global_norm(grads), param_norm=optax.global_norm(params),
+                 update_norm=optax.global_norm(updates))
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, metrics
+
+
+def eval_step(params, batch, *, model, label_smoothing):
+  """Summed metrics of one evaluation batch (dropout off)."""
+  return loss_sums(params, batch, model, label_smoothing)
+
+
+def compile_steps(model, tx, config, mesh, state_shardings):
+  """The jitted train and eval steps, with explicit shardings and donated state."""
+  batch = sharding.batch_sharding(mesh)
+  replicated = sharding.replicated(mesh)
+  train = jax.jit(
+      functools.partial(train_step, model=model, tx=tx,
+                        label_smoothing=config.train.label_smoothing,
+                        grad_accum_steps=config.train.grad_accum_steps),
+      in_shardings=(state_shardings, batch), out_shardings=(state_shardings, replicated),
+      donate_argnums=0)
+  evaluate = jax.jit(
+      functools.partial(eval_step, model=model, label_smoothing=config.train.label_smoothing),
+      in_shardings=(state_shardings.params, batch), out_shardings=replicated)
+  return train, evaluate
+
+
+# ----------------------------------------------------------------------------
+# Setting up: model, optimizer, sharded state (restored when there is one).
+# ----------------------------------------------------------------------------
+
+def build(config, vocab_size, mesh):
+  """(model, optimizer, abstract state, state shardings) for a config."""
+  cfg = model_config(config, vocab_size)
+  model = Transformer(cfg)
+  tx = optim.make_optimizer(config.optim, cfg.d_model)
+  abstract = jax.eval_shape(lambda: create_state(model, tx, jax.random.key(config.seed)))
+  shardings = sharding.state_shardings(abstract, mesh, config.train.fsdp)
+  return model, tx, abstract, shardings
+
+
+def init_state(model, tx, config, shardings):
+  """Initialises the state directly into its shardings (no host copy)."""
+  return jax.jit(lambda: create_state(model, tx, jax.random.key(config.seed)),
+                 out_shardings=shardings)()
+
+
+def evaluate_loss(eval_fn, params, examples, config, mesh):
+  """Teacher-forced loss, perplexity and token accuracy over `examples`."""
+  totals = None
+  for _, batch in data_lib.eval_batches(examples, config.data.tokens_per_batch,
+                                        batch_multiple=mesh.size,
+                                        max_length=config.data.max_length):
+    sums = eval_fn(params, sharding.place_batch(batch, mesh))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  metrics = {k: float(v) for k, v in losses.normalize(jax.device_get(totals)).items()}
+  metrics["perplexity"] = float(np.exp(min(metrics["nll"], 50.0)))
+  return metrics
+
+
+def save_config(config, workdir) -> None:
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+class _Progress:
+  """Console progress line and TensorBoard scalars for training."""
+
+  def __init__(self, workdir, total_steps, start_step):
+    self.writer = tensorboard.SummaryWriter(workdir) if jax.process_index() == 0 else None
+    self.total, self.start = total_steps, start_step
+    self.t0 = self.last_time = time.time()
+    self.last_step = start_step
+    self.tokens = 0.0
+
+  def log_train(self, step, metrics_list, learning_rate):
+    now = time.time()
+    merged = {k: float(np.mean([m[k] for m in metrics_list])) for k in metrics_list[0]}
+    tokens = float(np.sum([m["tokens"] for m in metrics_list]))
+    steps_per_s = (step - self.last_step) / max(now - self.last_time, 1e-9)
+    merged.update(learning_rate=learning_rate, steps_per_sec=steps_per_s,
+                  tokens_per_sec=tokens / max(now - self.last_time, 1e-9))
+    eta = (self.total - step) / max(steps_per_s, 1e-9)
+    logging.info("step %d/%d  loss %.4f  acc %.4f  lr %.2e  %.0f tok/s  %.2f step/s  "
+                 "ETA %dm%02ds", step, self.total, merged["loss"], merged["accuracy"],
+                 learning_rate, merged["tokens_per_sec"], steps_per_s, eta // 60, eta % 60)
+    self._write("train", step, merged)
+    self.last_time, self.last_step = now, step
+
+  def log_eval(self, step, metrics):
+    logging.info("eval at step %d: %s", step,
+                 "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+    self._write("eval", step, metrics)
+
+  def _write(self, prefix, step, metrics):
+    if self.writer:
+      for k, v in metrics.items():
+        self.writer.scalar(f"{prefix}/{k}", v, step)
+      self.writer.flush()
+
+
+def _check_finite(step, metrics_list, checkpointer):
+  for i, m in enumerate(metrics_list):
+    if not np.isfinite(m["loss"]):
+      last = checkpointer.latest_step()
+      raise FloatingPointError(
+          f"training loss is {m['loss']} at step {step - len(metrics_list) + i + 1}; "
+          f"stopping. The last good checkpoint is step {last} in {checkpointer.directory} "
+          "(lower optim.learning_rate_scale or set optim.grad_clip_norm).")
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the
+  last evaluation metrics."""
+  check_config(config)
+  sharding.maybe_initialize_distributed()
+  os.makedirs(workdir, exist_ok=True)
+  if jax.process_index() == 0:
+    save_config(config, workdir)
+  mesh = sharding.make_mesh()
+  logging.info("Devices: %d (%s) over %d host(s); mesh %s", jax.device_count(),
+               jax.devices()[0].platform, jax.process_count(), dict(mesh.shape))
+
+  data = data_lib.get_train_and_eval(
+      config.data, workdir=workdir, seed=config.seed,
+      batch_multiple=mesh.size * config.train.grad_accum_steps,
+      shard_index=jax.process_index(), shard_count=jax.process_count())
+  logging.info("Data: %s", json.dumps(data.stats))
+  model, tx, abstract, shardings = build(config, data.tokenizer.vocab_size, mesh)
+  logging.info("Parameters: %s", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}")
+
+  checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                          keep=config.train.keep_checkpoints)
+  restored = checkpointer.restore(abstract, shardings)
+  if restored is None:
+    state = init_state(model, tx, config, shardings)
+  else:
+    state, data_state, step = restored
+    data.train_batches.set_state(data_state)
+    logging.info("Resumed from step %d.", step)
+  start = int(state.step)
+
+  train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
+  schedule = optim.transformer_schedule(model.config.d_model, config.optim.warmup_steps,
+                                        config.optim.learning_rate_scale)
+  progress = _Progress(workdir, config.train.num_steps, start)
+  pending, eval_metrics = [], {}
+  for step in range(start + 1, config.train.num_steps + 1):
+    batch = sharding.place_batch(next(data.train_batches), mesh)
+    state, metrics = train_fn(state, batch)
+    pending.append(metrics)
+    last = step == config.train.num_steps
+    if step % config.train.log_every == 0 or last or step % config.train.checkpoint_every == 0:
+      pending = jax.device_get(pending)
+      _check_finite(step, pending, checkpointer)
+      if step % config.train.log_every == 0 or last:
+        progress.log_train(step, pending, float(schedule(step - 1)))
+      pending = []
+    if step % config.train.eval_every == 0 or last:
+      eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config, mesh)
+      progress.log_eval(step, eval_metrics)
+    if step % config.train.checkpoint_every == 0 or last:
+      checkpointer.save(step, state, data.train_batches.get_state())
+  checkpointer.close()
+  if hasattr(data.train_batches, "close"):
+    data.train_batches.close()
+  return eval_metrics
