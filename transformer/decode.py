@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 PAD_ID = 0
 NEG_INF = -jnp.inf
@@ -232,3 +233,90 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   order_BxK = jnp.lexsort((-score_Bx2K, ~ok_Bx2K), axis=-1)[:, :K]
   seqs_Bx2KxL = jnp.concatenate([s['fin_seqs'], s['live_seqs']], axis=1)
   return _take(seqs_Bx2KxL, order_BxK), _take(score_Bx2K, order_BxK)
+
+
+# ----------------------------------------------------------------------------
+# Glue to transformer.model.Transformer.
+
+EOS_ID = 3  # transformer.data.tokenizer.EOS_ID (not imported: that pulls the data stack).
+# Cache leaves under this name hold the encoder's keys/values: equal across the
+# beams of one item, so they live outside the search state and are never gathered.
+_STATIC_CACHE_NAME = 'cross_attention'
+
+
+def init_cache(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
+               max_len: int) -> Any:
+  """Decode-mode cache for N = encoded.shape[0] rows and `max_len` steps.
+
+  Runs `decode` in decode mode without a cache on dummy [N, max_len] inputs:
+  this creates zero self-attention caches of that length and the encoder's
+  cross-attention keys/values (under jit the unused dummy logits are removed).
+  """
+  dummy_NxL = jnp.zeros((encoded_NxSxD.shape[0], max_len), jnp.int32)
+  _, variables = model.apply({'params': params}, encoded_NxSxD, inputs_NxS, dummy_NxL,
+                             decode=True, mutable=['cache'], method='decode')
+  return variables['cache']
+
+
+def _split_static(cache: Any) -> Tuple[Any, dict]:
+  flat = traverse_util.flatten_dict(cache)
+  static = {k: v for k, v in flat.items() if _STATIC_CACHE_NAME in k}
+  moving = {k: v for k, v in flat.items() if _STATIC_CACHE_NAME not in k}
+  return traverse_util.unflatten_dict(moving), static
+
+
+def make_logits_fn(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
+                   cache: Any) -> Tuple[LogitsFn, Any]:
+  """(search step of the model, the search's part of `cache`) for N rows.
+
+  The cross-attention keys/values stay in the closure: the search then never
+  gathers them (exact: all beams of an item hold the same ones).
+  """
+  search_cache, static = _split_static(cache)
+
+  def logits_fn(ids_Nx1, cache, step):
+    del step  # The model keeps its own step counter in the cache.
+    full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **static})
+    logits_Nx1xV, variables = model.apply(
+        {'params': params, 'cache': full}, encoded_NxSxD, inputs_NxS, ids_Nx1,
+        decode=True, mutable=['cache'], method='decode')
+    return logits_Nx1xV[:, 0], _split_static(variables['cache'])[0]
+
+  return logits_fn, search_cache
+
+
+def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
+                      beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
+                      rng: Optional[Array] = None, temperature: float = 1.0,
+                      top_k: int = 0, eos_id: int = EOS_ID) -> Array:
+  """Source ids (PAD = 0 on the right) -> output ids_BxL, L = min(S + max_extra_len,
+  model max_len); best beam in 'beam' mode.
+
+  Row b emits at most min(len_b + max_extra_len, model max_len) tokens (EOS
+  included), len_b = its non-PAD source tokens (sec. 6.1). The encoder runs
+  once; beams share it by repetition. Jittable with mode, beam_size,
+  max_extra_len, top_k, eos_id (and temperature if 0) static.
+  """
+  cfg = model.config
+  B, S = inputs_BxS.shape
+  L = min(S + max_extra_len, cfg.max_len)  # Decoder positions must exist.
+  max_len_B = jnp.minimum(jnp.sum(inputs_BxS != cfg.pad_id, axis=1) + max_extra_len, L)
+  encoded_BxSxD = model.apply({'params': params}, inputs_BxS, method='encode')
+  K = beam_size if mode == 'beam' else 1
+  # Batch-major beams: row b*K + k.
+  encoded_NxSxD = jnp.repeat(encoded_BxSxD, K, axis=0)
+  inputs_NxS = jnp.repeat(inputs_BxS, K, axis=0)
+  logits_fn, cache = make_logits_fn(
+      model, params, encoded_NxSxD, inputs_NxS,
+      init_cache(model, params, encoded_NxSxD, inputs_NxS, L))
+  kw = dict(batch_size=B, max_len=max_len_B.astype(jnp.int32), out_len=L,
+            bos_id=cfg.bos_id, eos_id=eos_id)
+  if mode == 'greedy':
+    return greedy_search(logits_fn, cache, **kw)
+  if mode == 'sample':
+    if rng is None:
+      raise ValueError("mode='sample' needs rng")
+    return sample(logits_fn, cache, rng, temperature=temperature, top_k=top_k, **kw)
+  if mode == 'beam':
+    return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, **kw)[0][:, 0]
+  raise ValueError(f"mode must be 'greedy', 'beam' or 'sample', got {mode!r}")
