@@ -10,6 +10,9 @@ BOS; after EOS a row holds PAD (= 0) only.
 `max_len` is either a Python int or an int32[B] of per-row limits; with per-row
 limits a static `out_len` (the buffer length L) must be given (it is inferred
 for a concrete numpy array). Row b then emits at most min(max_len[b], L) tokens.
+
+Beam scores use the GNMT length penalty with |Y| = generated tokens including
+EOS. `encode_and_decode` wires the searches to transformer.model.Transformer.
 """
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -294,9 +297,14 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
 
   Row b emits at most min(len_b + max_extra_len, model max_len) tokens (EOS
   included), len_b = its non-PAD source tokens (sec. 6.1). The encoder runs
-  once; beams share it by repetition. Jittable with mode, beam_size,
-  max_extra_len, top_k, eos_id (and temperature if 0) static.
+  once; beams share it by repetition. Jittable with model, mode, beam_size,
+  max_extra_len, top_k (and temperature if 0) static; L, hence the compiled
+  program, depends on the source width S.
   """
+  if mode not in ('greedy', 'beam', 'sample'):
+    raise ValueError(f"mode must be 'greedy', 'beam' or 'sample', got {mode!r}")
+  if mode == 'sample' and rng is None:
+    raise ValueError("mode='sample' needs rng")
   cfg = model.config
   B, S = inputs_BxS.shape
   L = min(S + max_extra_len, cfg.max_len)  # Decoder positions must exist.
@@ -314,9 +322,5 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
   if mode == 'greedy':
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':
-    if rng is None:
-      raise ValueError("mode='sample' needs rng")
     return sample(logits_fn, cache, rng, temperature=temperature, top_k=top_k, **kw)
-  if mode == 'beam':
-    return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, **kw)[0][:, 0]
-  raise ValueError(f"mode must be 'greedy', 'beam' or 'sample', got {mode!r}")
+  return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, **kw)[0][:, 0]
