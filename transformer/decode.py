@@ -117,18 +117,26 @@ def length_penalty(length, alpha) -> Array:
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def gather_beams(tree: Any, parent_BxK: Array) -> Any:
-  """Reorders every leaf with leading dim N = B*K by parent beam; 0-dim leaves kept."""
-  B, K = parent_BxK.shape
-  flat_N = (jnp.arange(B, dtype=jnp.int32)[:, None] * K + parent_BxK).reshape(B * K)
-  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, flat_N, axis=0),
-                      tree)
-
-
 def _take(x_BxMx, idx_BxK: Array) -> Array:
   """x[b, idx[b, k], ...] for x with any number of trailing dims."""
   idx = idx_BxK.reshape(idx_BxK.shape + (1,) * (x_BxMx.ndim - 2))
   return jnp.take_along_axis(x_BxMx, idx, axis=1)
+
+
+def gather_beams(tree: Any, parent_BxK: Array) -> Any:
+  """Reorders every leaf with leading dim N = B*K by parent beam; 0-dim leaves kept.
+
+  Gathers within each item ([B, K, ...] view, batched over B), so a batch-
+  sharded cache stays local to its device.
+  """
+  B, K = parent_BxK.shape
+
+  def gather(x):
+    if x.ndim == 0:
+      return x
+    return _take(x.reshape((B, K) + x.shape[1:]), parent_BxK).reshape(x.shape)
+
+  return jax.tree.map(gather, tree)
 
 
 def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
