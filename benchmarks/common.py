@@ -1,0 +1,183 @@
+"""What both frameworks share: benchmark sizes, the real pipeline's batches, the FLOP count.
+
+Sizes (vocabulary sizes are ours: the paper does not give an exact one):
+  smoke  1+1 layers, d_model 32,  d_ff 64,   2 heads, V 64,    256 tokens a batch (CI)
+  small  3+3 layers, d_model 256, d_ff 1024, 4 heads, V 8000,  4096 tokens a batch
+  base   6+6 layers, d_model 512, d_ff 2048, 8 heads, V 37000, 4096 tokens a batch
+         (Table 3 base with configs/base.py's shared 37k vocabulary)
+"""
+
+import dataclasses
+import importlib.util
+import math
+import os
+
+import numpy as np
+
+from configs import base as base_config
+from transformer.data import pipeline
+from transformer.data.tokenizer import BOS_ID, EOS_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  name: str
+  num_layers: int
+  d_model: int
+  d_ff: int
+  num_heads: int
+  vocab_size: int
+  tokens_per_batch: int = 4096  # Bucketed: each side of a batch has <= this many slots.
+  max_length: int = 64  # Longest example (EOS included); sets the largest bucket.
+  dropout: float = 0.1
+  train_steps: int = 10  # Timed training steps (after one warm-up step per shape).
+  decode_sentences: int = 32  # Sentences per decoding batch.
+  decode_repeats: int = 3  # Timed decoding runs (median).
+
+
+SIZES = {
+    "smoke": Size("smoke", 1, 32, 64, 2, 64, tokens_per_batch=256, max_length=16,
+                  train_steps=3, decode_sentences=4, decode_repeats=1),
+    "small": Size("small", 3, 256, 1024, 4, 8000),
+    "base": Size("base", 6, 512, 2048, 8, 37000),
+}
+
+
+def size_from_config(path, tokens_per_batch=4096, max_length=64):
+  """A Size with the model of any config file (its data.vocab_size as the vocabulary)."""
+  spec = importlib.util.spec_from_file_location("bench_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  m = config.model
+  name = os.path.splitext(os.path.basename(path))[0]
+  return Size(name, m.num_layers, m.d_model, m.d_ff, m.num_heads, config.data.vocab_size,
+              tokens_per_batch=tokens_per_batch, max_length=min(max_length, m.max_len),
+              dropout=m.dropout)
+
+
+def experiment_config(size: Size):
+  """configs/base.py with the model and batch of `size` (paper optimiser, label smoothing)."""
+  config = base_config.get_config()
+  for field in ("num_layers", "d_model", "d_ff", "num_heads", "dropout"):
+    config.model[field] = getattr(size, field)
+  config.model.max_len = max(256, size.max_length)
+  config.data.vocab_size = size.vocab_size
+  config.data.tokens_per_batch = size.tokens_per_batch
+  config.data.max_length = size.max_length
+  return config
+
+
+# ----------------------------------------------------------------------------
+# Examples and batches: the input pipeline's own TrainBatches.
+# ----------------------------------------------------------------------------
+
+def synthetic_examples(size: Size, count=20000, seed=0):
+  """Sentence-like (source, target) id arrays, each ending with EOS.
+
+  Lengths are log-normal (median ~14 tokens, like Multi30k under a subword
+  vocabulary), targets ~1.1x their sources, all clipped to max_length.
+  """
+  rng = np.random.default_rng(seed)
+  top = size.max_length - 1  # Room for EOS.
+  src_len = np.clip(np.round(rng.lognormal(math.log(13), 0.4, count)), 1, top).astype(int)
+  tgt_len = np.clip(np.round(src_len * rng.normal(1.1, 0.15, count)), 1, top).astype(int)
+  ids = lambda n: np.append(rng.integers(4, size.vocab_size, n), EOS_ID).astype(np.int32)
+  return [(ids(s), ids(t)) for s, t in zip(src_len, tgt_len)]
+
+
+def multi30k_examples(size: Size, data_dir, source_lang="en", target_lang="de"):
+  """Multi30k train pairs, tokenized by a BPE SentencePiece model trained on them.
+
+  The tokenizer asks for size.vocab_size pieces; on 29k sentences it may get
+  fewer (hard_vocab_limit is off), and the model keeps size.vocab_size rows.
+  """
+  from transformer.data import parallel_text, tokenizer  # pylint: disable=g-import-not-at-top
+  pairs = parallel_text.load_split(data_dir, "train", source_lang, target_lang)
+  tok = tokenizer.train([t for p in pairs for t in p], "bpe", size.vocab_size)
+  examples, _ = pipeline.tokenize_pairs(pairs, tok, size.max_length, "drop")
+  return examples
+
+
+def train_batches(size: Size, examples, seed=0):
+  return pipeline.TrainBatches(examples, tokens_per_batch=size.tokens_per_batch, seed=seed,
+                               batching="bucket", max_length=size.max_length)
+
+
+def epoch_stats(size: Size, examples):
+  """Padding and shapes over one whole epoch of the pipeline (numpy only, no model)."""
+  it = train_batches(size, examples)
+  slots = real_src = real_tgt = 0
+  shapes = set()
+  for _ in range(it.num_batches(0)):
+    b = next(it)
+    shapes.add(b["targets"].shape)
+    slots += b["targets"].size
+    real_src += int(np.count_nonzero(b["inputs"]))
+    real_tgt += int(np.count_nonzero(b["targets"]))
+  return {"batches": it.num_batches(0), "shapes": len(shapes),
+          "padding_target": 1.0 - real_tgt / slots,
+          "padding_source_target": 1.0 - (real_src + real_tgt) / (2 * slots)}
+
+
+def timed_batches(size: Size, examples, count, seed=0):
+  """The first `count` batches of an epoch: mixed shapes, as training sees them."""
+  it = train_batches(size, examples, seed)
+  return [next(it) for _ in range(count)]
+
+
+def shift_right(targets_BxT):
+  """Teacher-forcing decoder inputs: BOS, then the targets one step late (numpy)."""
+  return np.pad(targets_BxT, ((0, 0), (1, 0)), constant_values=BOS_ID)[:, :-1]
+
+
+def decode_sources(size: Size, examples, seed=1):
+  """A decoding batch: size.decode_sentences sources, right-padded to the longest."""
+  rng = np.random.default_rng(seed)
+  chosen = [examples[i][0] for i in rng.choice(len(examples), size.decode_sentences,
+                                               replace=False)]
+  width = -(-max(len(s) for s in chosen) // 8) * 8
+  out = np.zeros((len(chosen), width), np.int32)
+  for r, s in enumerate(chosen):
+    out[r, :len(s)] = s
+  return out
+
+
+def token_counts(batch):
+  """(real target tokens, real source + target tokens) of a batch."""
+  tgt = int(np.count_nonzero(batch["targets"]))
+  return tgt, tgt + int(np.count_nonzero(batch["inputs"]))
+
+
+# ----------------------------------------------------------------------------
+# FLOPs.
+# ----------------------------------------------------------------------------
+
+def train_flops(size: Size, batch_size, src_len, tgt_len):
+  """Analytic FLOPs of one training step on a padded [B, S] -> [B, T] batch.
+
+  A matmul of [m, k] x [k, n] is 2mkn FLOPs; everything else (softmax,
+  LayerNorm, Adam, the loss) is left out. With D d_model, F d_ff, V vocabulary,
+  N layers on each side, the forward pass is
+
+    encoder  N * B*S * (8 D^2        + 4 D F + 4 S D)      Q,K,V,O; FFN; QK^T and PV
+    decoder  N * B*T * (12 D^2       + 4 D F + 4 T D + 4 S D)  self Q,K,V,O + cross Q,O;
+           + N * B*S * 4 D^2                                   cross K,V on the memory
+    output   2 * B*T * D * V                                   tied pre-softmax projection
+
+  (attention: scores and values cost 4*T*S*D per layer and batch row; the
+  causal mask is not credited: the kernels compute all T*T scores). Training =
+  3x forward (the backward pass is two matmuls per forward matmul). Counted on
+  the padded shapes, i.e. the work the device does.
+  """
+  B, S, T = batch_size, src_len, tgt_len
+  D, F, V, N = size.d_model, size.d_ff, size.vocab_size, size.num_layers
+  encoder = N * B * S * (8 * D * D + 4 * D * F + 4 * S * D)
+  decoder = N * B * T * (12 * D * D + 4 * D * F + 4 * T * D + 4 * S * D) + N * B * S * 4 * D * D
+  output = 2 * B * T * D * V
+  return 3 * (encoder + decoder + output)
+
+
+def batch_flops(size: Size, batch):
+  B, S = batch["inputs"].shape
+  return train_flops(size, B, S, batch["targets"].shape[1])

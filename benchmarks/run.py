@@ -1,0 +1,270 @@
+"""Training and decoding speed of our Transformer, side by side with PyTorch eager.
+
+  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m benchmarks.run --sizes small,base --json bench.json
+  python -m benchmarks.run --config configs/default.py      # any config file's model
+  python -m benchmarks.run --smoke                          # tiny, seconds (CI)
+
+Everything runs in one process on the default JAX device, PyTorch eager on the
+CPU with torch.set_num_threads(cores). Both frameworks train on the same
+batches (TrainBatches over synthetic sentence-length examples, or Multi30k with
+--data_dir) and decode the same sources. Figures: compile time, step time
+(median), real target tokens/s, source+target tokens/s, analytic FLOPs per
+step (common.train_flops) and MFU against a float32 matmul peak measured in the
+same run, padding of the pipeline's batches, compiled shapes and recompiles,
+page faults per step, greedy (both) and beam-4 (ours) decoding speed. Unless
+--malloc=skip, our step is also run in two subprocesses, with and without
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (the variable must be set before the
+process starts).
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from benchmarks import common, jax_bench
+
+HUGETLB = "glibc.malloc.hugetlb=1"
+TARGETS = (  # (description, figure key, threshold); ratios ours/PyTorch unless stated.
+    ("training target tokens/s >= 1.5x PyTorch", "train target tokens/s", 1.5),
+    ("base MFU >= 55% of measured matmul peak", "train MFU (padded) %", 55.0),
+    ("greedy decoding tokens/s >= 5x PyTorch (no cache)", "greedy tokens/s", 5.0),
+)
+
+
+def bench_size(size, examples, *, peak, use_torch, max_extra_len):
+  """{'ours': {...}, 'pytorch': {...}} figures of one size."""
+  stats = common.epoch_stats(size, examples)
+  batches = common.timed_batches(size, examples, size.train_steps)
+  ours, theirs = {}, {}
+  ours["data padding (target) %"] = 100 * stats["padding_target"]
+  ours["data padding (source+target) %"] = 100 * stats["padding_source_target"]
+  ours["data shapes per epoch"] = stats["shapes"]
+  ours["data timed batches"] = len(batches)
+
+  r, model, state = jax_bench.train(size, batches)
+  ours.update({
+      "train compile s (first shape)": r["compile_s_first_shape"],
+      "train compile s (all shapes)": r["compile_s_all_shapes"],
+      "train compiled shapes after warm-up": r["compiled_shapes_after_warmup"],
+      "train recompiles after warm-up": r["recompiles_after_warmup"],
+      "train step s (median)": r["step_s_median"],
+      "train target tokens/s": r["target_tokens_per_s"],
+      "train source+target tokens/s": r["tokens_per_s"],
+      "train GFLOP per step": r["flops_per_step"] / 1e9,
+      "train GFLOP/s": r["flops_per_s"] / 1e9,
+      "train MFU (padded) %": 100 * r["flops_per_s"] / peak["ours"],
+      "train MFU (real tokens) %": 100 * r["flops_per_s"] / peak["ours"]
+                                   * (1 - stats["padding_source_target"]),
+      "train page faults per step": r["page_faults_per_step"],
+      "train loss first->last": f"{r['loss_first']:.3f}->{r['loss_last']:.3f}",
+  })
+
+  sources = common.decode_sources(size, examples)
+  max_len = model.config.max_len
+  limits = jax_bench.generated_tokens(sources, max_extra_len, max_len)
+  for mode, name in (("greedy", "greedy"), ("beam", "beam4")):
+    d = jax_bench.decoding(model, state.params, sources, mode=mode, beam_size=4,
+                           max_extra_len=max_extra_len, repeats=size.decode_repeats)
+    ours[f"{name} compile s"] = d["compile_s"]
+    ours[f"{name} sentences/s"] = d["sentences_per_s"]
+    ours[f"{name} tokens/s"] = d["tokens_per_s"]
+  del state
+
+  if use_torch:
+    from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+    t, tmodel = torch_bench.train(size, batches)
+    theirs.update({
+        "train step s (median)": t["step_s_median"],
+        "train target tokens/s": t["target_tokens_per_s"],
+        "train source+target tokens/s": t["tokens_per_s"],
+        "train GFLOP per step": t["flops_per_step"] / 1e9,
+        "train GFLOP/s": t["flops_per_s"] / 1e9,
+        "train MFU (padded) %": 100 * t["flops_per_s"] / peak["ours"],
+        "train MFU (real tokens) %": 100 * t["flops_per_s"] / peak["ours"]
+                                     * (1 - stats["padding_source_target"]),
+        "train page faults per step": t["page_faults_per_step"],
+        "train loss first->last": f"{t['loss_first']:.3f}->{t['loss_last']:.3f}",
+    })
+    d = torch_bench.decoding(tmodel, sources, limits, repeats=size.decode_repeats)
+    theirs["greedy sentences/s"] = d["sentences_per_s"]
+    theirs["greedy tokens/s"] = d["tokens_per_s"]
+  ours["decode sentences x steps"] = f"{len(sources)} x {int(limits.max())}"
+  return {"ours": ours, "pytorch": theirs,
+          "step_s_all": {"ours": r["step_s_all"], "pytorch": theirs and t["step_s_all"]},
+          "batch_shapes": [list(b["targets"].shape) for b in batches]}
+
+
+def _ratio(a, b):
+  if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+    return a / b
+  return None
+
+
+def malloc_probe(size, steps):
+  """Child process: our step on one pipeline batch; prints step time and faults as JSON."""
+  from transformer import sharding  # pylint: disable=g-import-not-at-top
+  batch = common.timed_batches(size, common.synthetic_examples(size), 1)[0]
+  _, state, step, mesh = jax_bench.setup(size)
+  placed = sharding.place_batch(batch, mesh)
+  for _ in range(2):  # Compile, then one more step for the allocator to settle.
+    state, m = step(state, placed)
+    jax.block_until_ready((state, m))
+  times, faults = [], []
+  for _ in range(steps):
+    f0, t0 = jax_bench.page_faults(), time.perf_counter()
+    state, m = step(state, placed)
+    jax.block_until_ready((state, m))
+    times.append(time.perf_counter() - t0)
+    faults.append(jax_bench.page_faults() - f0)
+  print(json.dumps({"step_s_median": statistics.median(times), "step_s_all": times,
+                    "page_faults_per_step": statistics.median(faults),
+                    "shape": list(batch["targets"].shape)}))
+
+
+def malloc_compare(size_arg, steps):
+  """Our step in two fresh processes: glibc malloc as is, and with hugetlb=1."""
+  out = {}
+  for name, tunables in (("default malloc", None), ("hugetlb=1", HUGETLB)):
+    env = dict(os.environ)
+    env.pop("GLIBC_TUNABLES", None)
+    if tunables:
+      env["GLIBC_TUNABLES"] = tunables
+    cmd = [sys.executable, "-m", "benchmarks.run", "--malloc_probe", "--malloc_steps",
+           str(steps)]
+    cmd += size_arg
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if proc.returncode:
+      raise RuntimeError(f"malloc probe failed:\n{proc.stderr[-3000:]}")
+    out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+  return out
+
+
+def print_table(results):
+  rows = []
+  for size, res in results["sizes"].items():
+    for key, value in res["ours"].items():
+      other = res["pytorch"].get(key)
+      rows.append((f"{size}: {key}", value, other, _ratio(value, other)))
+  peak = results["matmul_peak_gflops"]
+  rows.append(("float32 matmul peak GFLOP/s", peak["ours"], peak["pytorch"],
+               _ratio(peak["ours"], peak["pytorch"])))
+  fmt = lambda v: ("-" if v is None else f"{v:,.3g}" if isinstance(v, float)
+                   else f"{v:,}" if isinstance(v, int) else str(v))
+  width = max(len(r[0]) for r in rows)
+  print(f"{'figure':<{width}}  {'ours (JAX)':>14}  {'PyTorch':>14}  {'ours/PyTorch':>12}")
+  for name, a, b, r in rows:
+    print(f"{name:<{width}}  {fmt(a):>14}  {fmt(b):>14}  {fmt(r):>12}")
+  if "malloc" in results:
+    m = results["malloc"]
+    print(f"\nour train step ({m['size']}, shape {m['default malloc']['shape']}) in fresh "
+          f"processes:  {'default malloc':>14}  {HUGETLB:>22}  ratio")
+    for key in ("step_s_median", "page_faults_per_step"):
+      a, b = m["default malloc"][key], m["hugetlb=1"][key]
+      print(f"  {key:<{width - 2}}  {fmt(a):>14}  {fmt(b):>22}  {fmt(_ratio(b, a))}")
+  print()
+  for line in results["targets"]:
+    print(line)
+
+
+def check_targets(results):
+  lines = []
+  for text, key, threshold in TARGETS:
+    for size, res in results["sizes"].items():
+      if key.startswith("train MFU"):
+        if size != "base":
+          continue
+        value = res["ours"].get(key)
+      else:
+        value = _ratio(res["ours"].get(key), res["pytorch"].get(key))
+      if value is not None:
+        met = "met" if value >= threshold else "MISSED"
+        lines.append(f"target [{size}] {text}: {value:.3g} -> {met}")
+  return lines
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--sizes", default="small,base", help="comma-separated: smoke, small, base")
+  p.add_argument("--config", help="benchmark this config file's model instead of --sizes")
+  p.add_argument("--smoke", action="store_true", help="tiny sizes and few steps (CI)")
+  p.add_argument("--json", help="write the results here")
+  p.add_argument("--data_dir", help="Multi30k text folder (train.en/.de[.gz]); default synthetic")
+  p.add_argument("--steps", type=int, help="timed training steps (default: per size)")
+  p.add_argument("--decode_sentences", type=int, help="sentences per decoding batch")
+  p.add_argument("--max_extra_len", type=int, default=50, help="output limit = source + this (6.1)")
+  p.add_argument("--no_torch", action="store_true", help="our half only")
+  p.add_argument("--malloc", choices=("compare", "skip"), default="compare",
+                 help="also time our step in subprocesses with/without glibc hugetlb")
+  p.add_argument("--malloc_steps", type=int, default=5)
+  p.add_argument("--malloc_probe", action="store_true", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+
+  if args.smoke:
+    names, size_arg = ["smoke"], ["--smoke"]
+  elif args.config:
+    names, size_arg = [args.config], ["--config", args.config]
+  else:
+    names = args.sizes.split(",")
+    size_arg = ["--sizes", names[-1]]
+  sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]
+  overrides = {k: v for k, v in (("train_steps", args.steps),
+                                 ("decode_sentences", args.decode_sentences)) if v}
+  sizes = [dataclasses.replace(s, **overrides) for s in sizes]
+  if args.malloc_probe:
+    return malloc_probe(sizes[-1], args.malloc_steps)
+
+  use_torch = not args.no_torch
+  if use_torch:
+    try:
+      from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      print(f"PyTorch not importable ({e}): running our half only.")
+      use_torch = False
+
+  results = {"meta": {
+      "device": str(jax.devices()[0]), "platform": platform.platform(),
+      "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
+      "jax": jax.__version__, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
+      "data": args.data_dir or "synthetic", "max_extra_len": args.max_extra_len,
+      "torch": use_torch and __import__("torch").__version__,
+      "sizes": {s.name: dataclasses.asdict(s) for s in sizes}}}
+  n = 256 if args.smoke else 2048
+  results["matmul_peak_gflops"] = {
+      "ours": jax_bench.matmul_peak(n) / 1e9,
+      "pytorch": torch_bench.matmul_peak(n) / 1e9 if use_torch else None}
+  peak = {k: (v or 0) * 1e9 for k, v in results["matmul_peak_gflops"].items()}
+  results["sizes"] = {}
+  for size in sizes:
+    t0 = time.perf_counter()
+    examples = (common.multi30k_examples(size, args.data_dir) if args.data_dir
+                else common.synthetic_examples(size))
+    results["sizes"][size.name] = bench_size(size, examples, peak=peak, use_torch=use_torch,
+                                             max_extra_len=args.max_extra_len)
+    print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
+  if args.malloc == "compare":
+    results["malloc"] = dict(size=sizes[-1].name,
+                             **malloc_compare(size_arg, args.malloc_steps))
+  results["meta"]["load_average_end"] = os.getloadavg()
+  results["targets"] = check_targets(results)
+  print_table(results)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(results, f, indent=2, default=str)
+  return results
+
+
+if __name__ == "__main__":
+  main()

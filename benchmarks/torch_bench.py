@@ -1,0 +1,164 @@
+"""The PyTorch baseline: torch.nn.Transformer in eager mode, set up as our model.
+
+Same as ours: post-LN, relu, shared embedding scaled by sqrt(d_model),
+sinusoidal positions, tied pre-softmax projection, dropout P_drop on sub-layer
+outputs and embedding sums only (nn.Transformer's attention-probability and
+FFN-inner dropouts are switched off, as in the paper and our model), no final
+encoder/decoder LayerNorm (nn.Transformer adds one by default; post-LN has
+none), label-smoothed cross-entropy over non-PAD targets, Adam(0.9, 0.98, 1e-9)
+on the section 5.3 schedule. Greedy decoding has no KV cache (nn.Transformer
+has none): every step re-runs the decoder over the whole prefix.
+"""
+
+import math
+import os
+import statistics
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from benchmarks import common
+from transformer.data.tokenizer import BOS_ID, PAD_ID
+from transformer.model import sinusoidal_table
+from benchmarks.jax_bench import page_faults
+
+# The encoder's inference fast path (nested tensors for padding) warns it is a prototype.
+warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
+
+
+class TorchTransformer(nn.Module):
+
+  def __init__(self, size, max_len=256):
+    super().__init__()
+    D = size.d_model
+    self.scale = math.sqrt(D)
+    self.embed = nn.Embedding(size.vocab_size, D)
+    nn.init.normal_(self.embed.weight, std=D**-0.5)
+    self.register_buffer("pe", torch.from_numpy(sinusoidal_table(max_len, D)))
+    self.drop = nn.Dropout(size.dropout)
+    kw = dict(d_model=D, nhead=size.num_heads, dim_feedforward=size.d_ff,
+              dropout=size.dropout, activation="relu", batch_first=True, norm_first=False)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(**kw), size.num_layers)
+    decoder = nn.TransformerDecoder(nn.TransformerDecoderLayer(**kw), size.num_layers)
+    for layer in list(encoder.layers) + list(decoder.layers):
+      layer.dropout = nn.Identity()  # FFN-inner dropout: not in the paper.
+      for attention in ("self_attn", "multihead_attn"):
+        if hasattr(layer, attention):
+          getattr(layer, attention).dropout = 0.0  # Attention-probability dropout.
+    self.core = nn.Transformer(d_model=D, nhead=size.num_heads, batch_first=True,
+                               custom_encoder=encoder, custom_decoder=decoder)
+
+  def embed_ids(self, ids_BxT):
+    return self.drop(self.embed(ids_BxT) * self.scale + self.pe[:ids_BxT.shape[1]])
+
+  def forward(self, src_BxS, tgt_in_BxT):
+    pad_BxS = src_BxS == PAD_ID
+    causal_TxT = nn.Transformer.generate_square_subsequent_mask(tgt_in_BxT.shape[1])
+    y_BxTxD = self.core(self.embed_ids(src_BxS), self.embed_ids(tgt_in_BxT),
+                        tgt_mask=causal_TxT, tgt_is_causal=True,
+                        src_key_padding_mask=pad_BxS, memory_key_padding_mask=pad_BxS)
+    return y_BxTxD @ self.embed.weight.T
+
+
+def _schedule(d_model, warmup=4000):
+  return lambda count: d_model**-0.5 * min((count + 1)**-0.5, (count + 1) * warmup**-1.5)
+
+
+def matmul_peak(n=2048, repeats=5):
+  """FLOP/s of the best of `repeats` float32 [n, n] x [n, n] torch.mm products."""
+  a, b = torch.randn(n, n), torch.randn(n, n)
+  torch.mm(a, b)
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    torch.mm(a, b)
+    best = min(best, time.perf_counter() - t0)
+  return 2 * n**3 / best
+
+
+def setup(size, seed=0):
+  torch.set_num_threads(os.cpu_count() or 1)
+  torch.manual_seed(seed)
+  model = TorchTransformer(size)
+  opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+  sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(size.d_model))
+  return model, opt, sched
+
+
+def _tensors(batch):
+  src = torch.from_numpy(batch["inputs"].astype(np.int64))
+  tgt = torch.from_numpy(batch["targets"].astype(np.int64))
+  return src, torch.from_numpy(common.shift_right(batch["targets"]).astype(np.int64)), tgt
+
+
+def train(size, batches, setup_result=None):
+  """One warm-up step, then every batch timed once (the same batches as ours)."""
+  model, opt, sched = setup_result or setup(size)
+  model.train()
+
+  def step(src, tgt_in, tgt):
+    opt.zero_grad(set_to_none=True)
+    logits = model(src, tgt_in)
+    loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=PAD_ID,
+                           label_smoothing=0.1, reduction="sum")
+    loss = loss / (tgt != PAD_ID).sum().clamp(min=1)
+    loss.backward()
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+  data = [_tensors(b) for b in batches]
+  step(*data[0])
+  times, losses = [], []
+  faults = page_faults()
+  for d in data:
+    t0 = time.perf_counter()
+    losses.append(step(*d))
+    times.append(time.perf_counter() - t0)
+  faults = (page_faults() - faults) / len(batches)
+  tgt, both = map(sum, zip(*map(common.token_counts, batches)))
+  flops = sum(common.batch_flops(size, b) for b in batches)
+  return {"step_s_median": statistics.median(times), "step_s_all": times,
+          "page_faults_per_step": faults,
+          "target_tokens_per_s": tgt / sum(times), "tokens_per_s": both / sum(times),
+          "flops_per_step": flops / len(batches), "flops_per_s": flops / sum(times),
+          "loss_first": losses[0], "loss_last": losses[-1]}, model
+
+
+@torch.inference_mode()
+def greedy(model, src_BxS, max_len_B):
+  """Greedy search without a cache: step t re-runs the decoder on all t + 1 tokens.
+
+  Rows past their limit keep flowing through (fixed shapes, like ours) and emit PAD.
+  """
+  pad_BxS = src_BxS == PAD_ID
+  memory_BxSxD = model.core.encoder(model.embed_ids(src_BxS), src_key_padding_mask=pad_BxS)
+  ys_BxT = torch.full((src_BxS.shape[0], 1), BOS_ID, dtype=torch.int64)
+  for t in range(int(max_len_B.max())):
+    T = ys_BxT.shape[1]
+    y_BxTxD = model.core.decoder(
+        model.embed_ids(ys_BxT), memory_BxSxD,
+        tgt_mask=nn.Transformer.generate_square_subsequent_mask(T), tgt_is_causal=True,
+        memory_key_padding_mask=pad_BxS)
+    tok_B = (y_BxTxD[:, -1] @ model.embed.weight.T).argmax(-1)
+    tok_B = torch.where(max_len_B > t, tok_B, PAD_ID)
+    ys_BxT = torch.cat([ys_BxT, tok_B[:, None]], dim=1)
+  return ys_BxT[:, 1:]
+
+
+def decoding(model, sources_BxS, max_len_B, repeats=3):
+  model.eval()
+  src = torch.from_numpy(sources_BxS.astype(np.int64))
+  limits = torch.from_numpy(max_len_B.astype(np.int64))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    greedy(model, src, limits)
+    times.append(time.perf_counter() - t0)
+  t = statistics.median(times)
+  return {"sentences_per_s": len(src) / t, "tokens_per_s": int(max_len_B.sum()) / t,
+          "decode_s_median": t}

@@ -1,0 +1,76 @@
+"""The benchmark's smoke mode: every figure is in the table and the JSON, and finite.
+
+No timing is asserted. The PyTorch half needs torch (requirements-bench.txt);
+without it the run covers our half and only the PyTorch checks are skipped.
+"""
+import contextlib
+import importlib.util
+import io
+import json
+import math
+
+import pytest
+
+from benchmarks import run
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+OURS = [
+    "data padding (target) %", "data padding (source+target) %", "data shapes per epoch",
+    "train compile s (first shape)", "train compile s (all shapes)",
+    "train compiled shapes after warm-up", "train recompiles after warm-up",
+    "train step s (median)", "train target tokens/s", "train source+target tokens/s",
+    "train GFLOP per step", "train GFLOP/s", "train MFU (padded) %",
+    "train MFU (real tokens) %", "train page faults per step",
+    "greedy compile s", "greedy sentences/s", "greedy tokens/s",
+    "beam4 compile s", "beam4 sentences/s", "beam4 tokens/s",
+]
+PYTORCH = [
+    "train step s (median)", "train target tokens/s", "train source+target tokens/s",
+    "train GFLOP/s", "train MFU (padded) %", "train page faults per step",
+    "greedy sentences/s", "greedy tokens/s",
+]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench") / "bench.json"
+  argv = ["--smoke", "--json", str(out)] + ([] if HAS_TORCH else ["--no_torch"])
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    run.main(argv)
+  return json.loads(out.read_text()), printed.getvalue()
+
+
+def _check(figures, keys, table):
+  for key in keys:
+    assert key in figures, key
+    assert math.isfinite(figures[key]) and figures[key] >= 0, (key, figures[key])
+    assert f"smoke: {key}" in table, key
+
+
+def test_our_half(smoke):
+  results, table = smoke
+  ours = results["sizes"]["smoke"]["ours"]
+  _check(ours, OURS, table)
+  assert ours["train target tokens/s"] > 0 and ours["greedy tokens/s"] > 0
+  assert ours["train recompiles after warm-up"] == 0
+  assert ours["train compiled shapes after warm-up"] >= 1
+  assert 0 <= ours["data padding (target) %"] < 100
+  assert results["matmul_peak_gflops"]["ours"] > 0
+  for malloc in ("default malloc", "hugetlb=1"):
+    probe = results["malloc"][malloc]
+    assert math.isfinite(probe["step_s_median"]) and probe["step_s_median"] > 0
+    assert probe["page_faults_per_step"] >= 0
+  assert "hugetlb" in table
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (requirements-bench.txt)")
+def test_pytorch_half(smoke):
+  results, table = smoke
+  res = results["sizes"]["smoke"]
+  _check(res["pytorch"], PYTORCH, table)
+  assert results["matmul_peak_gflops"]["pytorch"] > 0
+  assert any(line.startswith("target [smoke] training") for line in results["targets"])
+  # Same batches on both sides: the analytic FLOPs per step agree.
+  assert res["pytorch"]["train GFLOP per step"] == res["ours"]["train GFLOP per step"]
