@@ -92,8 +92,8 @@ def train_step(state, batch, *, model, tx, label_smoothing, grad_accum_steps=1):
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = losses.normalize(sums)
-  metrics.update(grad_norm=optax.global_norm(grads), param_norm=optax.global_norm(params),
-                 update_norm=optax.global_norm(updates))
+  metrics.update(grad_norm=optax.tree.norm(grads), param_norm=optax.tree.norm(params),
+                 update_norm=optax.tree.norm(updates))
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, metrics
 
