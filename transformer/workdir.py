@@ -1,0 +1,74 @@
+"""One way for the commands at the edge (evaluate, translate, average_checkpoints)
+to restore what training left in a workdir: config.json, spm.model, checkpoints.
+
+Checkpoints are chosen by name: 'latest' (default), a step number, 'best' (the
+best validation score, see training) or 'averaged' (average_checkpoints).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from transformer import checkpoints, sharding, training
+from transformer.data import tokenizer as tokenizer_lib
+
+CHECKPOINT_DIRS = {"latest": "checkpoints", "best": "checkpoints_best",
+                   "averaged": "checkpoints_averaged"}
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir?")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def load_tokenizer(workdir: str, config) -> tokenizer_lib.Tokenizer:
+  path = config.data.get("vocab_path") or os.path.join(workdir, "spm.model")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"vocabulary {path} not found (training writes it)")
+  return tokenizer_lib.Tokenizer.load(path)
+
+
+def checkpoint_location(workdir: str, checkpoint: str = "latest"):
+  """(directory, step or None for the newest) of a checkpoint name."""
+  if str(checkpoint).isdigit():
+    return os.path.join(workdir, CHECKPOINT_DIRS["latest"]), int(checkpoint)
+  if checkpoint not in CHECKPOINT_DIRS:
+    raise ValueError(f"checkpoint must be a step number or one of {sorted(CHECKPOINT_DIRS)}, "
+                     f"got {checkpoint!r}")
+  return os.path.join(workdir, CHECKPOINT_DIRS[checkpoint]), None
+
+
+@dataclasses.dataclass
+class Restored:
+  config: ml_collections.ConfigDict
+  tokenizer: tokenizer_lib.Tokenizer
+  model: Any
+  state: training.TrainState
+  step: int
+  mesh: Any
+
+  @property
+  def params(self):
+    return self.state.params
+
+
+def restore(workdir: str, checkpoint: str = "latest", mesh=None) -> Restored:
+  """Config, tokenizer, model and the chosen checkpoint's state of a workdir."""
+  config = load_config(workdir)
+  tokenizer = load_tokenizer(workdir, config)
+  mesh = mesh or sharding.make_mesh()
+  model, _, abstract, shardings = training.build(config, tokenizer.vocab_size, mesh)
+  directory, step = checkpoint_location(workdir, checkpoint)
+  restored = checkpoints.Checkpointer(directory, read_only=True).restore(
+      abstract, shardings, step)
+  if restored is None:
+    raise FileNotFoundError(f"no checkpoint in {directory}")
+  state, _, step = restored
+  return Restored(config, tokenizer, model, state, step, mesh)
