@@ -227,7 +227,10 @@ def test_beam_returns_alive_when_nothing_finished():
 # The real model (tiny, randomly initialised).
 
 M_EOS, M_V = 3, 11
-decode_jit = jax.jit(decode.encode_and_decode,
+# Compiling dominates these tests; without LLVM optimisation it takes ~half as long.
+FAST = dict(compiler_options={'xla_backend_optimization_level': 0})
+# eos_id is traced: pass it always (an omitted default would be another compilation).
+decode_jit = jax.jit(decode.encode_and_decode, **FAST,
                      static_argnames=('model', 'mode', 'beam_size', 'max_extra_len', 'top_k'))
 
 
@@ -237,7 +240,7 @@ def tiny_model():
                     d_model=32, d_ff=64, num_heads=2, dropout=0.0, max_len=16)
   model = Transformer(cfg)
   ones = jnp.ones((1, 4), jnp.int32)
-  return model, jax.jit(model.init)(jax.random.key(0), ones, ones)['params']
+  return model, jax.jit(model.init, **FAST)(jax.random.key(0), ones, ones)['params']
 
 
 def sources(lengths, width, seed=0):
@@ -263,7 +266,7 @@ def model_scores(model, params, inputs_BxS, ids_BxL, alpha):
 
 @functools.lru_cache(maxsize=None)
 def forward(model):
-  return jax.jit(model.apply)
+  return jax.jit(model.apply, **FAST)
 
 
 # Shared by the model tests (fewer compilations). Row limits: 6 + 12 capped to
@@ -281,7 +284,7 @@ def test_cached_steps_equal_teacher_forced_forward():
   targets_BxT = jnp.asarray(sources([16, 16], 16, seed=2))  # shapes as model_scores
   full_BxTxV = forward(model)({'params': params}, inputs_BxS, targets_BxT)
 
-  @jax.jit
+  @functools.partial(jax.jit, **FAST)
   def incremental(params, inputs_BxS, dec_in_BxT):
     encoded_BxSxD = model.apply({'params': params}, inputs_BxS, method='encode')
     cache = decode.init_cache(model, params, encoded_BxSxD, inputs_BxS, 16)
@@ -322,8 +325,8 @@ def test_model_beam_size_one_vs_greedy():
   assert [int(np.sum(r != 0)) for r in np.asarray(greedy)] == [16, 15]
   # With the real EOS, beam 1 may keep an earlier EOS hypothesis instead (see
   # beam_search), so it is never worse than greedy in score.
-  greedy = decode_jit(mode='greedy', **kw)
-  beam = decode_jit(mode='beam', beam_size=1, alpha=0.6, **kw)
+  greedy = decode_jit(mode='greedy', eos_id=M_EOS, **kw)
+  beam = decode_jit(mode='beam', beam_size=1, alpha=0.6, eos_id=M_EOS, **kw)
   finished = np.any(np.asarray(greedy) == M_EOS, axis=1)
   assert np.all(model_scores(model, params, inputs_BxS, beam, 0.6)[finished]
                 >= model_scores(model, params, inputs_BxS, greedy, 0.6)[finished] - 1e-5)
@@ -332,7 +335,8 @@ def test_model_beam_size_one_vs_greedy():
 def test_model_beam_batch_items_independent_of_padding():
   model, params = tiny_model()
   inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))
-  kw = dict(model=model, params=params, mode='beam', beam_size=3, max_extra_len=EXTRA)
+  kw = dict(model=model, params=params, mode='beam', beam_size=3, max_extra_len=EXTRA,
+            eos_id=M_EOS)
   ids_BxL = np.asarray(decode_jit(inputs_BxS=inputs_BxS, **kw))
   assert ids_BxL.shape == (2, 16)
   alone = np.asarray(decode_jit(inputs_BxS=inputs_BxS[1:, :3], **kw))[0]  # no padding
@@ -345,7 +349,7 @@ def test_model_beam_batch_items_independent_of_padding():
 def test_model_sampling_top1_is_greedy():
   model, params = tiny_model()
   kw = dict(model=model, params=params, inputs_BxS=jnp.asarray(sources(SRC_LENGTHS, 6)),
-            max_extra_len=EXTRA)
+            max_extra_len=EXTRA, eos_id=M_EOS)
   np.testing.assert_array_equal(
       decode_jit(mode='sample', rng=jax.random.key(3), top_k=1, **kw),
       decode_jit(mode='greedy', **kw))
