@@ -1,0 +1,114 @@
+"""Tests for transformer/plots.py: recomputed attention weights are the model's,
+and the pictures are written as PNG files."""
+
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import matplotlib.image
+import numpy as np
+import pytest
+
+from tests.helpers import init_model, random_tokens, tiny_config
+from transformer import attention, plots
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path):
+  with open(path, "rb") as f:
+    assert f.read(8) == PNG_MAGIC
+  image = matplotlib.image.imread(path)
+  assert image.ndim == 3 and min(image.shape[:2]) > 50
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = tiny_config(num_layers=2)
+  rng = np.random.default_rng(0)
+  inputs = random_tokens(rng, [7, 4], 8)
+  targets = random_tokens(rng, [5, 3], 6)
+  model, params = init_model(cfg, inputs, targets)
+  return model, params, inputs, targets
+
+
+def test_weights_are_distributions_over_the_real_source(tiny):
+  model, params, inputs, targets = tiny
+  p = plots.cross_attention_projections(model, params, inputs, targets, layer=-1)
+  weights = np.asarray(plots.attention_weights(p["query"], p["key"], inputs))
+  assert weights.shape == (2, 4, 6, 8)  # [B, H, T, S]
+  assert (weights >= 0).all()
+  np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  # Row 1 has 4 real source tokens: padding gets no attention.
+  np.testing.assert_array_equal(weights[1, :, :, 4:], 0.0)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_weights_reproduce_the_models_cross_attention(tiny, layer):
+  # softmax(QK^T/sqrt(d_k)) V through the output projection must give exactly what
+  # the model's cross-attention module returned in the same forward pass.
+  model, params, inputs, targets = tiny
+  p = plots.cross_attention_projections(model, params, inputs, targets, layer,
+                                        names=plots.PROJECTIONS)
+  weights = plots.attention_weights(p["query"], p["key"], inputs)
+  mixed = jnp.einsum("bhts,bshk->bthk", weights, p["value"])
+  expected = attention.reference_attention(p["query"], p["key"], p["value"],
+                                           attention.padding_mask(jnp.asarray(inputs)))
+  np.testing.assert_allclose(mixed, expected, atol=1e-6)
+
+  wanted = ("decoder", f"layer_{layer}", "cross_attention")
+  _, state = model.apply({"params": params}, inputs, targets, mutable=["intermediates"],
+                         capture_intermediates=lambda m, meth: m.path == wanted)
+  module_out = state["intermediates"]["decoder"][f"layer_{layer}"]["cross_attention"][
+      "__call__"][0]
+  out = params["decoder"][f"layer_{layer}"]["cross_attention"]["out"]
+  projected = jnp.einsum("bthk,hkd->btd", mixed, out["kernel"]) + out["bias"][None, None]
+  np.testing.assert_allclose(projected, module_out, atol=1e-5)
+  # And by hand for one entry: the 1/sqrt(d_k) of one head.
+  q, k = np.asarray(p["query"]), np.asarray(p["key"])
+  scores = q[0, 2, 1] @ k[0, :7, 1].T / math.sqrt(q.shape[-1])
+  np.testing.assert_allclose(weights[0, 1, 2, :7], np.exp(scores) / np.exp(scores).sum(),
+                             rtol=1e-5)
+
+
+def test_single_sentence_weights_and_bad_layer(tiny):
+  model, params, inputs, targets = tiny
+  w = plots.cross_attention_weights(model, params, inputs[1, :4], targets[1, :3])
+  assert w.shape == (4, 3, 4)
+  with pytest.raises(ValueError, match="layer 2 out of range"):
+    plots.cross_attention_weights(model, params, inputs[1, :4], targets[1, :3], layer=2)
+
+
+@pytest.mark.parametrize("head", ["all", "avg", "1"])
+def test_attention_plot_is_a_png(tmp_path, head):
+  weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(4, 3))
+  path = str(tmp_path / "attention.png")
+  plots.plot_attention(weights, list("abcde"), ["x", "y", "</s>"], path, head=head)
+  assert_png(path)
+  assert os.listdir(tmp_path) == ["attention.png"]  # No temporary file left.
+
+
+def test_bad_head_and_shape_are_named():
+  weights = np.full((2, 1, 2), 0.5)
+  with pytest.raises(ValueError, match="head 2 out of range"):
+    plots.plot_attention(weights, ["a", "b"], ["x"], "unused.png", head="2")
+  with pytest.raises(ValueError, match="head must be"):
+    plots.plot_attention(weights, ["a", "b"], ["x"], "unused.png", head="max")
+  with pytest.raises(ValueError, match="2 source tokens"):
+    plots.plot_attention(weights[:, :, :1], ["a", "b"], ["x"], "unused.png")
+
+
+def test_positional_command_writes_png(tmp_path):
+  out = str(tmp_path / "pe.png")
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer.plots", "positional", "--d_model", "16",
+       "--max_len", "10", "--out", out], cwd=ROOT, capture_output=True, text=True,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert_png(out)
+  with pytest.raises(ValueError, match="even d_model"):
+    plots.plot_positional_encoding(15, 10, out)

@@ -1,0 +1,165 @@
+"""Pictures: encoder-decoder attention of one sentence, and the positional encodings.
+
+  python -m transformer.plots positional --d_model 512 --max_len 100 --out pe.png
+
+The attention heatmap is drawn by `python -m transformer.translate ... --plot_attention
+OUT.png`, from `cross_attention_weights` and `plot_attention` here.
+"""
+
+import math
+import os
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import matplotlib
+
+matplotlib.use("Agg")  # Files only; no display needed.
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from transformer.model import sinusoidal_table
+
+PROJECTIONS = ("query", "key", "value")
+
+
+def cross_attention_projections(model, params, inputs_BxS, targets_BxT, layer=-1,
+                                names=("query", "key")):
+  """{name: [B, len, H, K]} projections of decoder layer `layer`'s encoder-decoder
+  attention, captured from a teacher-forced forward pass on (inputs, targets).
+
+  The model does not return attention weights; its query/key projections are
+  the same whichever attention implementation runs, so they are captured and
+  the weights recomputed (`attention_weights`).
+  """
+  num_layers = model.config.num_layers
+  if not -num_layers <= layer < num_layers:
+    raise ValueError(f"layer {layer} out of range for a {num_layers}-layer decoder")
+  wanted = ("decoder", f"layer_{layer % num_layers}", "cross_attention")
+  paths = {wanted + (name,) for name in names}
+
+  def capture(module, method):
+    return method == "__call__" and tuple(module.path) in paths
+
+  _, variables = model.apply({"params": params}, jnp.asarray(inputs_BxS),
+                             jnp.asarray(targets_BxT), capture_intermediates=capture,
+                             mutable=["intermediates"])
+  found = variables["intermediates"]["decoder"][wanted[1]]["cross_attention"]
+  return {name: found[name]["__call__"][0] for name in names}
+
+
+def attention_weights(q_BxTxHxK, k_BxSxHxK, inputs_BxS, pad_id=0):
+  """[B, H, T, S] softmax(Q K^T / sqrt(d_k)) over non-padding source positions:
+  the formula of transformer.attention.reference_attention, in float32."""
+  scores = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+                      preferred_element_type=jnp.float32) / math.sqrt(q_BxTxHxK.shape[-1])
+  mask = (jnp.asarray(inputs_BxS) != pad_id)[:, None, None, :]
+  return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+
+
+def cross_attention_weights(model, params, source_ids, output_ids, layer=-1):
+  """[H, T, S] attention of output token t (the step that predicted it) over the
+  source tokens of one sentence; ids as 1-D arrays without padding."""
+  inputs = np.asarray(source_ids, np.int32)[None]
+  targets = np.asarray(output_ids, np.int32)[None]
+  if inputs.size == 0 or targets.size == 0:
+    raise ValueError("attention needs a non-empty source and output")
+  p = cross_attention_projections(model, params, inputs, targets, layer)
+  return np.asarray(attention_weights(p["query"], p["key"], inputs,
+                                      model.config.pad_id))[0]
+
+
+def parse_head(head, num_heads):
+  """'all' | 'avg' | a head index in [0, num_heads) -> 'all' | 'avg' | int."""
+  if head in ("all", "avg"):
+    return head
+  try:
+    index = int(head)
+  except (TypeError, ValueError):
+    raise ValueError(f"head must be 'all', 'avg' or a head number, got {head!r}") from None
+  if not 0 <= index < num_heads:
+    raise ValueError(f"head {index} out of range: the model has {num_heads} heads")
+  return index
+
+
+def save_figure(fig, path):
+  """Saves as PNG via a temporary file and a rename; closes the figure."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+    os.replace(tmp, path)
+  finally:
+    plt.close(fig)
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def plot_attention(weights_HxTxS, source_tokens, output_tokens, path, head="all",
+                   title=None):
+  """Heatmap(s) of attention weights: output tokens down, source tokens across;
+  one panel per head ('all'), their mean ('avg') or one head (an int)."""
+  weights = np.asarray(weights_HxTxS)
+  num_heads, t, s = weights.shape
+  if (t, s) != (len(output_tokens), len(source_tokens)):
+    raise ValueError(f"weights are {t}x{s} but there are {len(output_tokens)} output "
+                     f"and {len(source_tokens)} source tokens")
+  head = parse_head(head, num_heads)
+  if head == "all":
+    panels = [(weights[h], f"head {h}") for h in range(num_heads)]
+  elif head == "avg":
+    panels = [(weights.mean(0), f"mean of {num_heads} heads")]
+  else:
+    panels = [(weights[head], f"head {head}")]
+  cols = min(len(panels), 4)
+  rows = -(-len(panels) // cols)
+  size = (max(3.0, 0.35 * s + 1.5), max(2.5, 0.3 * t + 1.5))
+  fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows),
+                           squeeze=False)
+  for ax, (matrix, name) in zip(axes.flat, panels):
+    image = ax.imshow(matrix, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(s), source_tokens, rotation=90, fontsize=8)
+    ax.set_yticks(range(t), output_tokens, fontsize=8)
+    ax.set_title(name, fontsize=9)
+  for ax in list(axes.flat)[len(panels):]:
+    ax.axis("off")
+  fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+  if title:
+    fig.suptitle(title)
+  save_figure(fig, path)
+
+
+def plot_positional_encoding(d_model, max_len, path):
+  """The sinusoidal table (section 3.5) as an image: position down, dimension across."""
+  if d_model < 2 or d_model % 2 or max_len < 1:
+    raise ValueError(f"need an even d_model >= 2 and max_len >= 1, got d_model={d_model}, "
+                     f"max_len={max_len}")
+  table = sinusoidal_table(max_len, d_model)
+  fig, ax = plt.subplots(figsize=(8, max(3.0, 8 * max_len / d_model)))
+  image = ax.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto",
+                    interpolation="nearest")
+  ax.set_xlabel("dimension i (sin on even, cos on odd)")
+  ax.set_ylabel("position")
+  ax.set_title(f"Sinusoidal positional encoding, d_model={d_model}")
+  fig.colorbar(image, ax=ax)
+  save_figure(fig, path)
+
+
+def main(argv):
+  if len(argv) != 2 or argv[1] != "positional":
+    raise app.UsageError("usage: python -m transformer.plots positional "
+                         "[--d_model 512] [--max_len 100] --out pe.png")
+  f = flags.FLAGS
+  try:
+    plot_positional_encoding(f.d_model, f.max_len, f.out)
+  except ValueError as e:
+    sys.exit(f"plots: error: {e}")
+  print(f"wrote {f.out}")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_integer("d_model", 512, "Model width (even).")
+  flags.DEFINE_integer("max_len", 100, "Positions to draw.")
+  flags.DEFINE_string("out", None, "PNG file to write.", required=True)
+  app.run(main)
