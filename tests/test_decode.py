@@ -5,7 +5,6 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from transformer import decode
 from transformer.config import ModelConfig
