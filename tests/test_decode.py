@@ -128,10 +128,11 @@ def test_sample_distribution_and_top_k():
 
 
 def test_beam_matches_exhaustive_search():
-  """With 2K >= all candidates ever, nothing is pruned: the K best finished
-  hypotheses of each item must be exactly the enumerated top K."""
+  """With K >= all candidates ever (at most 3^3 * 4 = 108 here), nothing is
+  pruned: the K best finished hypotheses of each item must be exactly the
+  enumerated top K."""
   logits_fn, np_logp = make_toy(3)
-  B, K = 2, 64
+  B, K = 2, 128
   max_len_B = np.array([4, 2], np.int32)   # per-row limits
   search = jax.jit(lambda alpha: decode.beam_search(
       logits_fn, toy_cache(B, K), batch_size=B, beam_size=K, alpha=alpha,
@@ -152,30 +153,15 @@ def test_beam_matches_exhaustive_search():
                                    scores_BxK[b, k], rtol=1e-5)
 
 
-def test_beam_size_one_equals_greedy_when_eos_only_as_argmax():
-  """Beam 1 keeps the best EOS hypothesis seen so far as 'finished' while its one
-  alive beam follows the best non-EOS token, so it equals greedy exactly when EOS
-  can only appear as the argmax (here: only at step 3)."""
-  logits_fn, _ = make_toy(4, eos_rows=[3])
-  kw = dict(batch_size=3, max_len=7, bos_id=BOS, eos_id=EOS)
-  greedy = decode.greedy_search(logits_fn, toy_cache(3), **kw)
-  ids_BxKxL, _ = decode.beam_search(logits_fn, toy_cache(3), beam_size=1,
-                                    alpha=0.6, **kw)
-  np.testing.assert_array_equal(ids_BxKxL[:, 0], greedy)
-
-
-def test_beam_size_one_never_worse_than_greedy():
-  logits_fn, np_logp = make_toy(5)
-  kw = dict(batch_size=6, max_len=6, bos_id=BOS, eos_id=EOS)
-  greedy = np.asarray(decode.greedy_search(logits_fn, toy_cache(6), **kw))
-  search = jax.jit(lambda alpha: decode.beam_search(logits_fn, toy_cache(6), beam_size=1,
-                                                    alpha=alpha, **kw))
-  for alpha in [0.0, 0.6]:
-    scores_BxK = search(alpha)[1]
-    for b in range(6):
-      seq = strip(greedy[b])
-      if seq[-1] == EOS:
-        assert scores_BxK[b, 0] >= np_logp(b, seq) / lp(len(seq), alpha) - 1e-5
+def test_beam_size_one_equals_greedy():
+  for seed in (4, 5):
+    logits_fn, _ = make_toy(seed)
+    kw = dict(batch_size=6, max_len=7, bos_id=BOS, eos_id=EOS)
+    greedy = decode.greedy_search(logits_fn, toy_cache(6), **kw)
+    for alpha in (0.0, 0.6):
+      ids_BxKxL, _ = decode.beam_search(logits_fn, toy_cache(6), beam_size=1,
+                                        alpha=alpha, **kw)
+      np.testing.assert_array_equal(ids_BxKxL[:, 0], greedy)
 
 
 def test_beam_batch_items_independent_and_jit():
@@ -312,7 +298,7 @@ def test_cached_steps_equal_teacher_forced_forward():
                              atol=1e-5, rtol=0)
 
 
-def test_model_beam_size_one_vs_greedy():
+def test_model_beam_size_one_equals_greedy():
   model, params = tiny_model()
   inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))
   kw = dict(model=model, params=params, inputs_BxS=inputs_BxS, max_extra_len=EXTRA)
@@ -322,13 +308,10 @@ def test_model_beam_size_one_vs_greedy():
   np.testing.assert_array_equal(decode_jit(mode='beam', beam_size=1, eos_id=M_V, **kw),
                                 greedy)
   assert [int(np.sum(r != 0)) for r in np.asarray(greedy)] == [16, 15]
-  # With the real EOS, beam 1 may keep an earlier EOS hypothesis instead (see
-  # beam_search), so it is never worse than greedy in score.
+  # With the real EOS too.
   greedy = decode_jit(mode='greedy', eos_id=M_EOS, **kw)
-  beam = decode_jit(mode='beam', beam_size=1, alpha=0.6, eos_id=M_EOS, **kw)
-  finished = np.any(np.asarray(greedy) == M_EOS, axis=1)
-  assert np.all(model_scores(model, params, inputs_BxS, beam, 0.6)[finished]
-                >= model_scores(model, params, inputs_BxS, greedy, 0.6)[finished] - 1e-5)
+  np.testing.assert_array_equal(
+      decode_jit(mode='beam', beam_size=1, alpha=0.6, eos_id=M_EOS, **kw), greedy)
 
 
 def test_model_beam_batch_items_independent_of_padding():

@@ -147,10 +147,13 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
   INCLUDING the final EOS (BOS excluded), as in tensor2tensor/Flax.
   Per step the top 2K extensions are taken so that K of them do not end in
-  EOS: those stay alive, the EOS ones compete for the K finished slots.
-  A batch item stops (its state is frozen) at its max_len, or when no alive
-  beam can beat its worst finished one: alive log-probs only decrease, so
-  best_alive_logp / max(lp over the remaining lengths) bounds any future score.
+  EOS: those stay alive; an EOS extension that ranks among the top K of the
+  step competes for the K finished slots (lower-ranked ones would not have
+  been in the beam, as in fairseq). A batch item stops (its state is frozen)
+  at its max_len, once its K finished slots are full, or when no alive beam
+  can beat its worst finished one: alive log-probs only decrease, so
+  best_alive_logp / max(lp over the remaining lengths) bounds any future
+  score. With K = 1 this is exactly greedy search.
   Output: finished hypotheses (ending in EOS, PAD after) sorted by score, then,
   to fill the K rows, alive ones (no EOS, score = logp / lp(their length)):
   an item with nothing finished returns its alive beams.
@@ -167,7 +170,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     lp_best_B = jnp.maximum(length_penalty(s['t'] + 1, alpha),
                             length_penalty(max_len_B, alpha))
     return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF)
-            | (fin_worst_B > live_best_B / lp_best_B))
+            | jnp.all(s['fin_ok'], axis=1) | (fin_worst_B > live_best_B / lp_best_B))
 
   def cond_fn(s):
     return (s['t'] < L) & ~jnp.all(done_fn(s))
@@ -193,7 +196,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
 
     # Finished: merge the EOS candidates into the K finished slots (old ones
     # first, so ties keep the earlier hypothesis).
-    cand_ok_Bx2K = cand_eos_Bx2K & (cand_logp_Bx2K > NEG_INF)
+    in_beam_Bx2K = jnp.broadcast_to(jnp.arange(2 * K) < K, (B, 2 * K))  # top_k sorts
+    cand_ok_Bx2K = cand_eos_Bx2K & (cand_logp_Bx2K > NEG_INF) & in_beam_Bx2K
     cand_score_Bx2K = jnp.where(cand_ok_Bx2K,
                                 cand_logp_Bx2K / length_penalty(t + 1, alpha), NEG_INF)
     all_score_Bx3K = jnp.concatenate([s['fin_score'], cand_score_Bx2K], axis=1)
