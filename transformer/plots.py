@@ -116,11 +116,12 @@ def plot_attention(weights_HxTxS, source_tokens, output_tokens, path, head="all"
   rows = -(-len(panels) // cols)
   size = (max(3.0, 0.35 * s + 1.5), max(2.5, 0.3 * t + 1.5))
   fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows),
-                           squeeze=False)
-  for ax, (matrix, name) in zip(axes.flat, panels):
+                           squeeze=False, layout="constrained")
+  for i, (ax, (matrix, name)) in enumerate(zip(axes.flat, panels)):
     image = ax.imshow(matrix, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     ax.set_xticks(range(s), source_tokens, rotation=90, fontsize=8)
-    ax.set_yticks(range(t), output_tokens, fontsize=8)
+    # Output tokens on the first column only: the panels' labels would overlap.
+    ax.set_yticks(range(t), output_tokens if i % cols == 0 else [], fontsize=8)
     ax.set_title(name, fontsize=9)
   for ax in list(axes.flat)[len(panels):]:
     ax.axis("off")

@@ -1,0 +1,113 @@
+"""Averages the parameters of the last N checkpoints (section 6.1: base models
+average the last 5 checkpoints, big models the last 20).
+
+  python -m transformer.average_checkpoints --workdir DIR --last 5
+
+Writes a full training state to DIR/checkpoints_averaged/<newest step>/: the
+averaged parameters with the newest checkpoint's step, optimizer state, rng and
+data-iterator state, so `--checkpoint averaged` loads it like any other. The
+steps averaged are listed in DIR/checkpoints_averaged/averaged.json. A previous
+average is replaced only once the new one is completely written.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+from transformer import checkpoints, sharding, training
+from transformer import workdir as workdir_lib
+
+SUMMARY = "averaged.json"
+
+
+def mean_params(param_trees):
+  """Elementwise mean of an iterable of parameter trees, summed in float32 and cast
+  back to each leaf's dtype. Trees are consumed one at a time: two copies in memory
+  however many are averaged."""
+  total, dtypes, count = None, None, 0
+  for tree in param_trees:
+    tree32 = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+    if total is None:
+      total, dtypes = tree32, jax.tree.map(lambda x: x.dtype, tree)
+    else:
+      total = jax.tree.map(jnp.add, total, tree32)
+    count += 1
+  if not count:
+    raise ValueError("nothing to average")
+  return jax.tree.map(lambda s, dtype: (s / count).astype(dtype), total, dtypes)
+
+
+def _replace_dir(new, final):
+  """Moves the completed directory `new` to `final`, keeping the old `final` until
+  the new one is in place."""
+  old = f"{final}.old{os.getpid()}"
+  if os.path.exists(final):
+    os.rename(final, old)
+  os.rename(new, final)
+  shutil.rmtree(old, ignore_errors=True)
+
+
+def average_checkpoints(workdir, last=5, mesh=None):
+  """Averages the newest `last` checkpoints of workdir/checkpoints into
+  workdir/checkpoints_averaged; returns (step written, steps averaged)."""
+  if last < 1:
+    raise ValueError(f"last must be >= 1, got {last}")
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  config = workdir_lib.load_config(workdir)
+  vocab_size = workdir_lib.load_tokenizer(workdir, config).vocab_size
+  mesh = mesh or sharding.make_mesh()
+  _, _, abstract, shardings = training.build(config, vocab_size, mesh)
+  source_dir, _ = workdir_lib.checkpoint_location(workdir, "latest")
+  source = checkpoints.Checkpointer(source_dir, read_only=True)
+  steps = source.steps()
+  if len(steps) < last:
+    raise ValueError(f"asked to average the last {last} checkpoints, but {source_dir} has "
+                     f"{len(steps)} (steps {steps})")
+  chosen = steps[-last:]
+  newest = {}
+
+  def restored_params():
+    for step in chosen:
+      state, data_state, _ = source.restore(abstract, shardings, step)
+      newest.update(state=state, data_state=data_state)
+      yield state.params
+
+  params = mean_params(restored_params())
+  # The newest checkpoint's step, optimizer state, rng and data position.
+  averaged = newest["state"].replace(params=params)
+
+  final, _ = workdir_lib.checkpoint_location(workdir, "averaged")
+  staging = f"{final}.tmp{os.getpid()}"
+  shutil.rmtree(staging, ignore_errors=True)
+  writer = checkpoints.Checkpointer(staging, keep=1)
+  writer.save(chosen[-1], averaged, newest["data_state"])
+  writer.close()
+  if jax.process_index() == 0:
+    with open(os.path.join(staging, SUMMARY), "w") as f:
+      json.dump({"step": chosen[-1], "averaged_steps": chosen, "last": last}, f)
+    _replace_dir(staging, final)
+  return chosen[-1], chosen
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
+  except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
+    sys.exit(f"average_checkpoints: error: {e}")
+  print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
+  flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average "
+                       "(the paper: 5 for base, 20 for big).", lower_bound=1)
+  app.run(main)
