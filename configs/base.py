@@ -65,6 +65,9 @@ def get_config():
   train.fsdp = False  # Also shard parameters and optimizer state over the data axis.
   train.log_every = 100  # Steps between console/TensorBoard training metrics.
   train.eval_every = 5000  # Steps between evaluations on data.eval_split.
+  train.decode_every = 10000  # Steps between decoding eval_split (BLEU / exact match); 0 = off.
+  train.decode_examples = 1000  # Sentences decoded then; 0 = the whole split.
+  train.decode_mode = "greedy"  # Search used then (greedy is faster; beam as in 6.1).
   train.checkpoint_every = 5000  # Steps between checkpoints.
   train.keep_checkpoints = 5  # Checkpoints kept (the paper averages the last 5, 6).
 

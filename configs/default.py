@@ -33,6 +33,8 @@ def get_config():
   config.train.num_steps = 2000
   config.train.log_every = 50
   config.train.eval_every = 500
+  config.train.decode_every = 1000  # Exact match of greedy decoding, as well as the loss.
+  config.train.decode_examples = 1000
   config.train.checkpoint_every = 500
   config.train.keep_checkpoints = 3
   return config

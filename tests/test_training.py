@@ -40,6 +40,7 @@ def tiny_config(data_dir, **train):
   config.train.log_every = 5
   config.train.eval_every = 15
   config.train.checkpoint_every = 10
+  config.train.decode_every = 0
   for k, v in train.items():
     config.train[k] = v
   return config
@@ -61,9 +62,11 @@ def restore_params(workdir, config, step=None):
 
 
 def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir):
-  config = tiny_config(data_dir)
+  config = tiny_config(data_dir, decode_every=30, decode_examples=50)
   workdir = str(tmp_path / "run")
   first = training.train_and_evaluate(config, workdir)
+  assert 0.0 <= first["exact_match"] <= 1.0
+  assert os.listdir(os.path.join(workdir, "checkpoints_best")) == ["30"]
   # A uniform prediction (where training starts) costs log(vocabulary size).
   assert first["loss"] < 0.75 * np.log(23)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "30"

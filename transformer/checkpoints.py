@@ -21,12 +21,19 @@ def _abstract(tree, shardings):
 class Checkpointer:
   """Saves and restores {state, data iterator state} under `directory`."""
 
-  def __init__(self, directory: str, keep: int = 5, read_only: bool = False):
+  def __init__(self, directory: str, keep: int = 5, read_only: bool = False,
+               best_metric: str = ""):
+    """With `best_metric`, saves carry metrics and only the `keep` checkpoints
+    with the highest value of that metric are kept."""
     self.directory = os.path.abspath(directory)
     if read_only and not os.path.isdir(self.directory):
       raise FileNotFoundError(f"no checkpoints at {self.directory}")
+    best = {}
+    if best_metric:
+      best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
+                  keep_checkpoints_without_metrics=False)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                           read_only=read_only)
+                                           read_only=read_only, **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "data"))
 
@@ -36,9 +43,16 @@ class Checkpointer:
   def latest_step(self):
     return self._manager.latest_step()
 
-  def save(self, step: int, state, data_state: dict) -> None:
-    self._manager.save(int(step), args=ocp.args.Composite(
+  def save(self, step: int, state, data_state: dict, metrics=None) -> None:
+    self._manager.save(int(step), metrics=metrics, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+
+  def best_value(self, metric: str):
+    """The best saved value of `metric` (None before the first save)."""
+    step = self._manager.best_step()
+    if step is None:
+      return None
+    return self._manager.metrics(step)[metric]
 
   def restore(self, abstract_state, shardings, step=None):
     """(state, data_state, step) of `step`, or of the newest readable checkpoint.

@@ -122,6 +122,10 @@ def check_config(config) -> None:
     check(config[section][name] > 0, field, "must be a positive integer")
   check(config.data.max_length <= config.model.max_len, "data.max_length",
         f"must be <= model.max_len={config.model.max_len}")
+  check(config.train.decode_every >= 0, "train.decode_every", "must be >= 0 (0 = off)")
+  check(config.train.decode_examples >= 0, "train.decode_examples", "must be >= 0 (0 = all)")
+  check(config.train.decode_mode in ("greedy", "beam"), "train.decode_mode",
+        "must be greedy or beam")
   check(0.0 <= config.train.label_smoothing < 1.0, "train.label_smoothing",
         "must be in [0, 1)")
   check(config.optim.learning_rate_scale > 0, "optim.learning_rate_scale", "must be > 0")

@@ -16,7 +16,8 @@ import numpy as np
 import optax
 from flax.metrics import tensorboard
 
-from transformer import checkpoints, data as data_lib, losses, optim, sharding
+from transformer import checkpoints, data as data_lib, evaluate as evaluate_lib
+from transformer import losses, optim, sharding
 from transformer.config import check_config, model_config
 from transformer.model import Transformer
 
@@ -186,6 +187,16 @@ class _Progress:
                  "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
     self._write("eval", step, metrics)
 
+  def log_decode(self, step, metrics, sources, references, hypotheses):
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    logging.info("decode eval at step %d: %s", step,
+                 "  ".join(f"{k} {v:.4f}" for k, v in sorted(numbers.items())))
+    self._write("decode", step, numbers)
+    if self.writer:
+      rows = [f"source: {s}  \nreference: {r}  \noutput: {h}"
+              for s, r, h in list(zip(sources, references, hypotheses))[:4]]
+      self.writer.text("decode/examples", "\n\n".join(rows), step)
+
   def _write(self, prefix, step, metrics):
     if self.writer:
       for k, v in metrics.items():
@@ -225,6 +236,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
   checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
                                           keep=config.train.keep_checkpoints)
+  best_metric = "exact_match" if config.data.dataset.startswith("scan") else "bleu"
+  best = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints_best"), keep=1,
+                                  best_metric=best_metric)
+  decode_pairs = data.eval_pairs[:config.train.decode_examples or None]
+  decode_examples = data.eval_examples[:len(decode_pairs)]
   restored = checkpointer.restore(abstract, shardings)
   if restored is None:
     state = init_state(model, tx, config, shardings)
@@ -253,9 +269,23 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if step % config.train.eval_every == 0 or last:
       eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config, mesh)
       progress.log_eval(step, eval_metrics)
+    if config.train.decode_every and (step % config.train.decode_every == 0 or last):
+      decoded, hypotheses = evaluate_lib.evaluate_examples(
+          model, state.params, decode_examples, [t for _, t in decode_pairs],
+          data.tokenizer, config, mesh, mode=config.train.decode_mode,
+          beam_size=config.decode.beam_size, alpha=config.decode.alpha,
+          max_extra_len=config.decode.max_extra_len)
+      progress.log_decode(step, decoded, [s for s, _ in decode_pairs],
+                          [t for _, t in decode_pairs], hypotheses)
+      eval_metrics[best_metric] = decoded[best_metric]
+      previous = best.best_value(best_metric)
+      if previous is None or decoded[best_metric] > previous:
+        best.save(step, state, data.train_batches.get_state(),
+                  metrics={best_metric: float(decoded[best_metric])})
     if step % config.train.checkpoint_every == 0 or last:
       checkpointer.save(step, state, data.train_batches.get_state())
   checkpointer.close()
+  best.close()
   if hasattr(data.train_batches, "close"):
     data.train_batches.close()
   return eval_metrics
