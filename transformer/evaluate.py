@@ -211,10 +211,10 @@ def write_atomic(path, text):
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
         max_extra_len=None, limit=None, tokens_per_batch=None):
   """Restores `workdir`, decodes and scores `split`, writes the JSON; returns (result, path)."""
-  from transformer import workdir as workdir_lib  # Here: training imports this module.
-
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  # Imported here: training imports this module (and workdir imports training).
+  from transformer import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   workdir_lib.checkpoint_location(workdir, checkpoint)  # A bad name fails before loading.
   if limit is not None and limit < 1:
     raise ValueError(f"limit must be >= 1, got {limit}")
@@ -224,11 +224,13 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   alpha = config.decode.alpha if alpha is None else alpha
   max_extra_len = config.decode.max_extra_len if max_extra_len is None else max_extra_len
   _check_settings(mode, beam_size, alpha, max_extra_len)
-  restored = workdir_lib.restore(workdir, checkpoint)
-  examples, pairs, stats = data_lib.get_eval(config.data, restored.tokenizer, split)
+  # The data first: a bad split fails before the checkpoint is read.
+  tokenizer = workdir_lib.load_tokenizer(workdir, config)
+  examples, pairs, stats = data_lib.get_eval(config.data, tokenizer, split)
   examples, pairs = examples[:limit], pairs[:limit]
   if not examples:
     raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
+  restored = workdir_lib.restore(workdir, checkpoint)
   metrics, hypotheses = evaluate_examples(
       restored.model, restored.params, examples, [t for _, t in pairs], restored.tokenizer,
       config, restored.mesh, mode=mode, beam_size=beam_size, alpha=alpha,

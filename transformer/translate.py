@@ -99,10 +99,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
         head="all", seed=0, temperature=1.0, tokens_per_batch=None):
   """Restores `workdir`, translates the lines of `input_path` into `output_path`
   (and draws the attention plot if asked); returns the translations."""
-  from transformer import workdir as workdir_lib  # Here: see evaluate.run.
-
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  from transformer import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   workdir_lib.checkpoint_location(workdir, checkpoint)
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

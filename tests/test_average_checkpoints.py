@@ -1,0 +1,97 @@
+"""Tests for transformer/average_checkpoints.py: the averaged checkpoint holds the
+elementwise mean of the parameters and the newest checkpoint's everything else."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.test_training import tiny_config
+from transformer import checkpoints, sharding, training
+from transformer import workdir as workdir_lib
+from transformer.average_checkpoints import average_checkpoints, mean_params
+from transformer.data import tokenizer as tokenizer_lib
+
+SCAN_WORDS = ["walk left twice", "jump around right", "look after run thrice",
+              "I_WALK I_TURN_LEFT", "I_JUMP I_RUN I_LOOK"]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A workdir with config, vocabulary and two different states saved at steps 10
+  and 20 (no training needed); returns (path, the two states, abstract, shardings)."""
+  path = str(tmp_path_factory.mktemp("avg"))
+  config = tiny_config(os.path.join(path, "tfds"))
+  training.save_config(config, path)
+  tokenizer = tokenizer_lib.train(SCAN_WORDS, "word", 32)
+  tokenizer.save(os.path.join(path, "spm.model"))
+  mesh = sharding.make_mesh()
+  model, tx, abstract, shardings = training.build(config, tokenizer.vocab_size, mesh)
+  states = []
+  checkpointer = checkpoints.Checkpointer(os.path.join(path, "checkpoints"))
+  for seed, step in ((0, 10), (1, 20)):
+    config.seed = seed
+    state = training.init_state(model, tx, config, shardings)
+    state = state.replace(step=jnp.int32(step))
+    checkpointer.save(step, state, {"epoch": 0, "index": step, "num_examples": 5})
+    states.append(state)
+  checkpointer.close()
+  return path, states, abstract, shardings
+
+
+def test_average_of_two_is_their_elementwise_mean(workdir):
+  path, (older, newer), abstract, shardings = workdir
+  assert average_checkpoints(path, last=2) == (20, [10, 20])
+  restored = workdir_lib.restore(path, "averaged")
+  assert restored.step == 20 and int(restored.state.step) == 20
+  for avg, a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(older.params),
+                       jax.tree.leaves(newer.params)):
+    assert avg.dtype == jnp.float32
+    np.testing.assert_allclose(avg, (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6,
+                               atol=1e-7)
+  assert not np.allclose(older.params["shared_embedding"]["embedding"],
+                         newer.params["shared_embedding"]["embedding"])  # Not a trivial mean.
+  # Everything but the parameters is the newest checkpoint's.
+  for x, y in zip(jax.tree.leaves((restored.state.opt_state, restored.state.rng)),
+                  jax.tree.leaves((newer.opt_state, newer.rng))):
+    np.testing.assert_array_equal(x, y)
+  averaged_dir = os.path.join(path, "checkpoints_averaged")
+  _, data_state, _ = checkpoints.Checkpointer(averaged_dir, read_only=True).restore(
+      abstract, shardings)
+  assert data_state["index"] == 20
+  with open(os.path.join(averaged_dir, "averaged.json")) as f:
+    assert json.load(f)["averaged_steps"] == [10, 20]
+
+
+def test_rerun_replaces_the_average_and_leaves_no_debris(workdir):
+  path, (_, newer), _, _ = workdir
+  average_checkpoints(path, last=2)
+  assert average_checkpoints(path, last=1) == (20, [20])
+  restored = workdir_lib.restore(path, "averaged")
+  for x, y in zip(jax.tree.leaves(restored.params), jax.tree.leaves(newer.params)):
+    np.testing.assert_array_equal(x, y)
+  assert sorted(n for n in os.listdir(path) if n.startswith("checkpoints")) == [
+      "checkpoints", "checkpoints_averaged"]
+
+
+def test_too_few_checkpoints_or_no_workdir_is_named(workdir, tmp_path):
+  path = workdir[0]
+  with pytest.raises(ValueError, match=r"last 3 checkpoints, but .* has 2 \(steps \[10, 20\]\)"):
+    average_checkpoints(path, last=3)
+  with pytest.raises(ValueError, match="last must be >= 1"):
+    average_checkpoints(path, last=0)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    average_checkpoints(str(tmp_path / "nowhere"))
+
+
+def test_mean_params_keeps_dtypes_and_sums_in_float32():
+  trees = [{"w": jnp.full((3,), v, jnp.bfloat16), "b": jnp.float32(v)} for v in (1.0, 2.0, 4.0)]
+  mean = mean_params(iter(trees))
+  assert mean["w"].dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(mean["w"], np.float32), 7 / 3, rtol=1e-2)
+  assert float(mean["b"]) == pytest.approx(7 / 3)
+  with pytest.raises(ValueError, match="nothing to average"):
+    mean_params([])

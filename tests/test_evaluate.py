@@ -1,0 +1,159 @@
+"""Tests for transformer/evaluate.py: the scores against sacreBLEU and hand counts,
+and the command on a tiny trained SCAN workdir (shared with test_translate)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+
+from tests.test_training import tiny_config
+from transformer import data as data_lib
+from transformer import evaluate, training
+from transformer import workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def trained_workdir(tmp_path_factory):
+  """A 20-step tiny SCAN run (checkpoints 10 and 20), trained once per test session:
+  it lives in the session's base temp dir, so every module asking gets the same one."""
+  base = tmp_path_factory.getbasetemp() / "tiny_trained_workdir"
+  done = base / "DONE"
+  if not done.exists():
+    shutil.rmtree(base, ignore_errors=True)  # A half-built one from a failed attempt.
+    config = tiny_config(base / "tfds", num_steps=20, eval_every=100, checkpoint_every=10)
+    training.train_and_evaluate(config, str(base / "run"))
+    done.touch()
+  return str(base / "run")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  return trained_workdir(tmp_path_factory)
+
+
+# ----------------------------------------------------------------------------
+# Scores.
+
+def test_bleu_of_references_against_themselves_is_100():
+  refs = ["The cat sat on the mat.", "Hello there, world!", "Ein Haus am See."]
+  result = evaluate.score(refs, refs, "wmt14_translate/de-en")
+  assert result["bleu"] == pytest.approx(100.0)
+  assert result["chrf"] == pytest.approx(100.0)
+
+
+def test_bleu_matches_sacrebleu_and_the_hand_count():
+  hyps = ["the cat sat on the mat", "a quick brown fox jumps"]
+  refs = ["the cat sat on a mat", "the quick brown fox jumped"]
+  result = evaluate.score(hyps, refs, "parallel_text")
+  assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+  assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+  # Matching n-grams 8/11, 5/9, 3/7, 1/5; equal lengths, so no brevity penalty.
+  assert result["bleu"] == pytest.approx(100 * (8 / 11 * 5 / 9 * 3 / 7 * 1 / 5) ** 0.25)
+  assert result["bleu"] == pytest.approx(43.13894320445206)
+  assert result["bleu_precisions"] == pytest.approx([800 / 11, 500 / 9, 300 / 7, 20.0])
+  assert result["bleu_signature"] == (
+      f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}")
+
+
+def test_bleu_is_cased():
+  result = evaluate.score(["The cat sat on the mat."], ["the cat sat on the mat."], "x")
+  assert result["bleu"] < 100.0
+
+
+def test_exact_match_and_token_accuracy_by_hand():
+  hyps = ["I_WALK I_JUMP", "I_LOOK", "I_RUN I_RUN I_RUN", "", " I_LOOK  I_LOOK "]
+  refs = ["I_WALK I_JUMP", "I_LOOK I_LOOK", "I_RUN I_WALK", "I_JUMP", "I_LOOK I_LOOK"]
+  result = evaluate.score(hyps, refs, "scan/simple")
+  assert result == {"exact_match": pytest.approx(2 / 5),
+                    # Position-wise over each reference: 2 + 1 + 1 + 0 + 2 of 9.
+                    "token_accuracy": pytest.approx(6 / 9)}
+
+
+def test_score_rejects_mismatched_or_empty_input():
+  with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+    evaluate.score(["a", "b"], ["a"], "scan/simple")
+  with pytest.raises(ValueError, match="nothing to score"):
+    evaluate.score([], [], "scan/simple")
+
+
+def test_result_name_is_filename_safe():
+  assert evaluate.result_name("test[:200]", "latest", "beam", 4, 0.6) == (
+      "eval_test_200_latest_beam4-a0.6")
+  assert evaluate.result_name("test", 3000, "greedy", 4, 0.6, limit=50) == (
+      "eval_test_3000_greedy-n50")
+
+
+# ----------------------------------------------------------------------------
+# The command on a trained workdir.
+
+def test_evaluate_writes_json_and_exact_match_matches_its_outputs(workdir):
+  # Beam search here; translate's tests cover greedy and sampling.
+  result, path = evaluate.run(workdir, split="test[:40]", mode="beam", beam_size=2,
+                              limit=30)
+  assert os.path.basename(path) == "eval_test_40_latest_beam2-a0.6-n30.json"
+  with open(path) as f:
+    saved = json.load(f)
+  assert saved == result
+  for key in ("step", "split", "checkpoint", "mode", "beam_size", "alpha", "max_extra_len",
+              "metrics", "num_sentences", "decode_seconds", "compile_seconds",
+              "sentences_per_second", "dataset", "signature", "hypotheses_file"):
+    assert key in saved, key
+  assert (saved["step"], saved["split"], saved["mode"], saved["num_sentences"]) == (
+      20, "test[:40]", "beam", 30)
+  # Settings not given come from config.decode.
+  assert (saved["beam_size"], saved["alpha"], saved["max_extra_len"]) == (2, 0.6, 50)
+  assert set(saved["metrics"]) == {"exact_match", "token_accuracy"}
+
+  with open(saved["hypotheses_file"]) as f:
+    hypotheses = f.read().split("\n")[:-1]
+  config = workdir_lib.load_config(workdir)
+  tokenizer = workdir_lib.load_tokenizer(workdir, config)
+  _, pairs, _ = data_lib.get_eval(config.data, tokenizer, "test[:40]")
+  references = [t for _, t in pairs[:30]]
+  assert len(hypotheses) == 30
+  exact = sum(h.split() == r.split() for h, r in zip(hypotheses, references)) / 30
+  assert saved["metrics"]["exact_match"] == pytest.approx(exact)
+  assert saved["metrics"] == pytest.approx(evaluate.score(hypotheses, references, "scan"))
+  assert not [n for n in os.listdir(workdir) if ".tmp" in n]  # Temporary files renamed.
+
+
+def test_missing_workdir_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    evaluate.run(str(tmp_path / "nowhere"))
+  with pytest.raises(FileNotFoundError, match="config.json not found"):
+    evaluate.run(str(tmp_path))
+
+
+def test_unknown_or_absent_checkpoint_is_named(workdir):
+  with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
+    evaluate.run(workdir, checkpoint="newest")
+  with pytest.raises(FileNotFoundError, match=r"no checkpoints? (at|in) .*checkpoints_best"):
+    evaluate.run(workdir, split="test[:5]", checkpoint="best")
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 7 .* \[10, 20\]"):
+    evaluate.run(workdir, split="test[:5]", checkpoint="7")
+
+
+def test_unknown_split_and_bad_settings_are_named(workdir):
+  with pytest.raises(ValueError, match="SCAN has splits 'train' and 'test', not 'dev'"):
+    evaluate.run(workdir, split="dev")
+  with pytest.raises(ValueError, match="beam_size must be >= 1"):
+    evaluate.run(workdir, beam_size=0)
+  with pytest.raises(ValueError, match="mode must be one of"):
+    evaluate.run(workdir, mode="viterbi")
+  with pytest.raises(ValueError, match="limit must be >= 1"):
+    evaluate.run(workdir, limit=0)
+
+
+def test_command_reports_bad_input_without_traceback(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer.evaluate", "--workdir", str(tmp_path / "none")],
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert result.returncode == 1
+  assert "evaluate: error: workdir" in result.stderr and "does not exist" in result.stderr
+  assert "Traceback" not in result.stderr
