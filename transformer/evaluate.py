@@ -91,9 +91,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   `timings` is a dict it receives compile_seconds, decode_seconds and batches.
   """
   _check_settings(mode, beam_size, alpha, max_extra_len)
-  if mode == "sample" and rng is None:
-    rng = jax.random.key(0)
-  rng = jax.random.key(0) if rng is None else rng
+  rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
               int(top_k))
   tokens_per_batch = tokens_per_batch or config.data.tokens_per_batch
