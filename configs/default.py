@@ -24,6 +24,7 @@ def get_config():
   config.data.vocab_type = "word"  # A word-level vocabulary through SentencePiece.
   config.data.vocab_size = 32  # At most; SCAN has 13 command and 6 action words.
   config.data.max_length = 64
+  config.data.batching = "pack"  # SCAN sources are short: packing avoids padding them.
   config.data.tokens_per_batch = 4096  # Per update, source and target counted apart.
   config.data.pack_length = 64
 
