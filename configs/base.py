@@ -47,6 +47,7 @@ def get_config():
   data.batching = "bucket"  # bucket: group by length (5.1) | pack: rows with segment ids.
   data.tokens_per_batch = 25000  # About 25k source and 25k target tokens a batch (5.1).
   data.pack_length = 256  # Row length when batching = pack.
+  data.pack_source_length = 0  # Source row length when packing; 0 = pack_length.
   data.prefetch = 2  # Batches prepared ahead in a background thread.
 
   config.optim = optim = ml_collections.ConfigDict()

@@ -26,7 +26,8 @@ def get_config():
   config.data.max_length = 64
   config.data.batching = "pack"  # SCAN sources are short: packing avoids padding them.
   config.data.tokens_per_batch = 4096  # Per update, source and target counted apart.
-  config.data.pack_length = 64
+  config.data.pack_length = 64  # About 4 examples (15 actions on average) a row ...
+  config.data.pack_source_length = 40  # ... whose commands average 8 words.
 
   config.optim.warmup_steps = 400  # Short run, short warmup.
   config.optim.learning_rate_scale = 2.0  # Peak lr = 2 * 128^-0.5 * 400^-0.5 = 8.8e-3.

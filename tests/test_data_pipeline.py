@@ -223,3 +223,17 @@ def test_bucket_lengths_are_few_and_aligned():
   assert ladder[-1] == 256 and len(ladder) <= 20
   assert all(n % 8 == 0 for n in ladder) and ladder == sorted(set(ladder))
   assert pipeline.bucket_lengths(50)[-1] == 56
+
+
+def test_pack_with_shorter_source_rows():
+  # Short sources (SCAN commands) need not be padded to the target row length.
+  it = _make('pack', pack_source_length=40)
+  batches = _epoch(it)
+  assert sorted(_ids(batches)) == list(range(N))
+  for b in batches:
+    assert b['inputs'].shape[1] == 40 and b['targets'].shape[1] == 48
+    for i, src, tgt in _rows(b):
+      np.testing.assert_array_equal(src, EXAMPLES[i][0])
+      np.testing.assert_array_equal(tgt, EXAMPLES[i][1])
+  with pytest.raises(ValueError, match='source rows: 30'):
+    _make('pack', pack_source_length=30)

@@ -120,6 +120,8 @@ def check_config(config) -> None:
                 "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size"):
     section, name = field.split(".")
     check(config[section][name] > 0, field, "must be a positive integer")
+  check(config.data.pack_source_length >= 0, "data.pack_source_length",
+        "must be >= 0 (0 = pack_length)")
   check(config.data.max_length <= config.model.max_len, "data.max_length",
         f"must be <= model.max_len={config.model.max_len}")
   check(config.train.decode_every >= 0, "train.decode_every", "must be >= 0 (0 = off)")

@@ -61,7 +61,8 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
   batches = TrainBatches(
       train_examples, tokens_per_batch=data_config.tokens_per_batch, seed=seed,
       batching=data_config.batching, max_length=data_config.max_length,
-      pack_length=data_config.get('pack_length'), batch_multiple=batch_multiple,
+      pack_length=data_config.get('pack_length'),
+      pack_source_length=data_config.get('pack_source_length'), batch_multiple=batch_multiple,
       shard_index=shard_index, shard_count=shard_count)
   return Data(tokenizer=tok,
               train_batches=prefetch(batches, data_config.get('prefetch', 0)),

@@ -9,13 +9,16 @@ PACK_WINDOW = 32
 MIN_EXAMPLE_LENGTH = 2  # One token plus EOS: a row with less room left is full.
 
 
-def pack_rows(order, src_lens, tgt_lens, pack_length, window=PACK_WINDOW):
+def pack_rows(order, src_lens, tgt_lens, pack_length, window=PACK_WINDOW,
+              source_pack_length=None):
   """Groups example indices (taken in `order`) into rows; returns a list of index lists.
 
   An example occupies one row on both sides: it goes into the first open row
-  where both its source and its target still fit. Rows come out in the order
-  they were closed, so the result depends only on `order`.
+  where both its source and its target still fit. Source rows hold
+  `source_pack_length` tokens (default: `pack_length`, the target rows' length).
+  Rows come out in the order they were closed, so the result depends only on `order`.
   """
+  source_pack_length = source_pack_length or pack_length
   done, open_rows = [], []  # open_rows: [indices, source room, target room]
   for i in order.tolist():
     ls, lt = int(src_lens[i]), int(tgt_lens[i])
@@ -30,7 +33,7 @@ def pack_rows(order, src_lens, tgt_lens, pack_length, window=PACK_WINDOW):
     else:
       if len(open_rows) == window:
         done.append(open_rows.pop(0)[0])
-      open_rows.append([[i], pack_length - ls, pack_length - lt])
+      open_rows.append([[i], source_pack_length - ls, pack_length - lt])
   done.extend(row[0] for row in open_rows)
   return done
 
@@ -51,9 +54,10 @@ def _pack_side(seqs, rows, pack_length):
   return tokens, seg, pos
 
 
-def packed_batch(examples, rows, pack_length):
+def packed_batch(examples, rows, pack_length, source_pack_length=None):
   """Batch dict for `rows` (lists of example indices; [] is an all-padding row)."""
-  src, src_seg, src_pos = _pack_side(_Side(examples, 0), rows, pack_length)
+  src, src_seg, src_pos = _pack_side(_Side(examples, 0), rows,
+                                     source_pack_length or pack_length)
   tgt, tgt_seg, tgt_pos = _pack_side(_Side(examples, 1), rows, pack_length)
   return {'inputs': src, 'targets': tgt,
           'inputs_segmentation': src_seg, 'targets_segmentation': tgt_seg,

@@ -112,7 +112,8 @@ class TrainBatches:
   """
 
   def __init__(self, examples, *, tokens_per_batch, seed, batching='bucket',
-               max_length=None, pack_length=None, batch_multiple=1,
+               max_length=None, pack_length=None, pack_source_length=None,
+               batch_multiple=1,
                shard_index=0, shard_count=1):
     if not examples:
       raise ValueError('no training examples')
@@ -130,9 +131,13 @@ class TrainBatches:
     if batching == 'pack':
       if not pack_length:
         raise ValueError("batching='pack' needs pack_length")
-      if longest > pack_length:
-        raise ValueError(f'an example has {longest} tokens > pack_length={pack_length}; '
-                         'tokenize with max_length <= pack_length')
+      self._source_pack_length = pack_source_length or pack_length
+      longest_source = int(self._src_lens.max())
+      if longest > pack_length or longest_source > self._source_pack_length:
+        raise ValueError(
+            f'an example has {max(longest, longest_source)} tokens > pack_length='
+            f'{pack_length} (source rows: {self._source_pack_length}); tokenize with '
+            'max_length <= both')
       self._pack_length = pack_length
       self._rows = _rows_for(pack_length, tokens_per_batch, batch_multiple)
     else:
@@ -168,7 +173,8 @@ class TrainBatches:
 
   def _pack_plan(self, rng):
     rows = packing.pack_rows(rng.permutation(len(self._examples)),
-                             self._src_lens, self._tgt_lens, self._pack_length)
+                             self._src_lens, self._tgt_lens, self._pack_length,
+                             source_pack_length=self._source_pack_length)
     n = self._rows
     return [(self._pack_length, _fill(rows[s:s + n], n, [])) for s in range(0, len(rows), n)]
 
@@ -188,7 +194,7 @@ class TrainBatches:
     per_host = len(rows) // count
     rows = rows[k * per_host:(k + 1) * per_host]
     if self._mode == 'pack':
-      return packing.packed_batch(self._examples, rows, length)
+      return packing.packed_batch(self._examples, rows, length, self._source_pack_length)
     return _padded_batch(self._examples, rows, length)
 
   def get_state(self):
