@@ -39,7 +39,9 @@ SIZES = {
     "smoke": Size("smoke", 1, 32, 64, 2, 64, tokens_per_batch=256, max_length=16,
                   train_steps=3, decode_sentences=4, decode_repeats=1),
     "small": Size("small", 3, 256, 1024, 4, 8000),
-    "base": Size("base", 6, 512, 2048, 8, 37000),
+    # ~1.5 TFLOP a step: few steps and a short decoding batch keep it to minutes on a CPU.
+    "base": Size("base", 6, 512, 2048, 8, 37000, train_steps=4, decode_sentences=16,
+                 decode_repeats=2),
 }
 
 
@@ -141,6 +143,23 @@ def decode_sources(size: Size, examples, seed=1):
   for r, s in enumerate(chosen):
     out[r, :len(s)] = s
   return out
+
+
+def summarize(size: Size, batches, times, cpu_times, losses, faults):
+  """Throughput figures of timed steps, one per batch.
+
+  CPU seconds (all threads, user + kernel) move less than wall time when other
+  processes load the machine; wall time is what the figures are computed from.
+  """
+  tgt = sum(token_counts(b)[0] for b in batches)
+  both = sum(token_counts(b)[1] for b in batches)
+  flops = sum(batch_flops(size, b) for b in batches)
+  return {"step_s_median": float(np.median(times)), "step_s_all": list(times),
+          "target_tokens_per_s": tgt / sum(times), "tokens_per_s": both / sum(times),
+          "flops_per_step": flops / len(batches), "flops_per_s": flops / sum(times),
+          "page_faults_per_step": faults / len(batches),
+          "cpu_s_per_step": float(np.median(cpu_times)),
+          "loss_first": losses[0], "loss_last": losses[-1]}
 
 
 def token_counts(batch):

@@ -3,7 +3,6 @@
 import contextlib
 import functools
 import resource
-import statistics
 import time
 
 import jax
@@ -66,51 +65,50 @@ def setup(size):
   return model, state, step, mesh
 
 
-def train(size, batches, setup_result=None):
-  """Warm-up (one step per distinct shape in `batches`), then every batch timed once.
+class Trainer:
+  """Our train step over fixed batches: warm_up() compiles every shape, step(i) times one."""
 
-  Returns the figures and the final state (for decoding with trained-a-bit weights).
-  """
-  model, state, step, mesh = setup_result or setup(size)
-  placed = [sharding.place_batch(b, mesh) for b in batches]
-  first = {}
-  with compile_log() as log:
-    for b, p in zip(batches, placed):
-      shape = b["targets"].shape
-      if shape not in first:
-        t0 = time.perf_counter()
-        state, metrics = step(state, p)
-        jax.block_until_ready((state, metrics))
-        first[shape] = (time.perf_counter() - t0, log["seconds"])
-  warm_cache = step._cache_size()  # pylint: disable=protected-access
-  first_shape_compile = next(iter(first.values()))[1]
-  times, losses = [], []
-  faults = page_faults()
-  with compile_log() as late:
-    for p in placed:
+  def __init__(self, size, batches):
+    self.size, self.batches = size, batches
+    self.model, self.state, self._step, mesh = setup(size)
+    self._placed = [sharding.place_batch(b, mesh) for b in batches]
+    self.times, self.cpu, self.losses, self.faults, self.late_compiles = [], [], [], 0, 0
+    self.compile = {}
+
+  def _run(self, i):
+    self.state, metrics = self._step(self.state, self._placed[i])
+    jax.block_until_ready((self.state, metrics))
+    return metrics
+
+  def warm_up(self):
+    """One step per distinct shape: the compile time of the first and of all shapes."""
+    shapes = {}
+    with compile_log() as log:
+      for i, b in enumerate(self.batches):
+        if b["targets"].shape not in shapes:
+          self._run(i)
+          shapes[b["targets"].shape] = log["seconds"]
+    self.compile = {"compile_s_first_shape": next(iter(shapes.values())),
+                    "compile_s_all_shapes": log["seconds"],
+                    "distinct_shapes_timed": len(shapes),
+                    "compiled_shapes_after_warmup": self._step._cache_size()}  # pylint: disable=protected-access
+
+  def step(self, i):
+    f0, c0 = page_faults(), time.process_time()
+    with compile_log() as log:
       t0 = time.perf_counter()
-      state, metrics = step(state, p)
-      jax.block_until_ready((state, metrics))
-      times.append(time.perf_counter() - t0)
-      losses.append(float(metrics["loss"]))
-  faults = (page_faults() - faults) / len(batches)
-  tgt, both = map(sum, zip(*map(common.token_counts, batches)))
-  flops = sum(common.batch_flops(size, b) for b in batches)
-  return {
-      "page_faults_per_step": faults,
-      "compile_s_first_shape": first_shape_compile,
-      "compile_s_all_shapes": log["seconds"],
-      "compiled_shapes_after_warmup": warm_cache,
-      "distinct_shapes_timed": len(first),
-      "recompiles_after_warmup": late["compiles"] + step._cache_size() - warm_cache,  # pylint: disable=protected-access
-      "step_s_median": statistics.median(times),
-      "step_s_all": times,
-      "target_tokens_per_s": tgt / sum(times),
-      "tokens_per_s": both / sum(times),
-      "flops_per_step": flops / len(batches),
-      "flops_per_s": flops / sum(times),
-      "loss_first": losses[0], "loss_last": losses[-1],
-  }, model, state
+      metrics = self._run(i)
+      self.times.append(time.perf_counter() - t0)
+    self.cpu.append(time.process_time() - c0)
+    self.faults += page_faults() - f0
+    self.late_compiles += log["compiles"]
+    self.losses.append(float(metrics["loss"]))
+
+  def figures(self):
+    grown = self._step._cache_size() - self.compile["compiled_shapes_after_warmup"]  # pylint: disable=protected-access
+    return {**self.compile, "recompiles_after_warmup": self.late_compiles + grown,
+            **common.summarize(self.size, self.batches, self.times, self.cpu, self.losses,
+                               self.faults)}
 
 
 def generated_tokens(sources_BxS, max_extra_len, max_len):
@@ -119,23 +117,21 @@ def generated_tokens(sources_BxS, max_extra_len, max_len):
   return np.minimum(np.count_nonzero(sources_BxS, axis=1) + max_extra_len, L)
 
 
-def decoding(model, params, sources_BxS, *, mode, beam_size=4, max_extra_len=50, repeats=3):
-  """Sentences/s and tokens/s of transformer.decode.encode_and_decode under jit."""
+def decoder(model, params, sources_BxS, *, mode, beam_size=4, max_extra_len=50):
+  """(compile seconds, run) for transformer.decode.encode_and_decode under jit; run()
+  decodes the batch once and returns its seconds."""
   from transformer import decode  # pylint: disable=g-import-not-at-top
-  run = jax.jit(functools.partial(decode.encode_and_decode, model, mode=mode,
-                                  beam_size=beam_size, max_extra_len=max_extra_len,
-                                  eos_id=NO_EOS))
+  jitted = jax.jit(functools.partial(decode.encode_and_decode, model, mode=mode,
+                                     beam_size=beam_size, max_extra_len=max_extra_len,
+                                     eos_id=NO_EOS))
   inputs = jnp.asarray(sources_BxS)
-  t0 = time.perf_counter()
-  out = run(params, inputs).block_until_ready()
-  first = time.perf_counter() - t0
-  times = []
-  for _ in range(repeats):
+
+  def run():
     t0 = time.perf_counter()
-    out = run(params, inputs).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  t = statistics.median(times)
-  tokens = int(generated_tokens(sources_BxS, max_extra_len, model.config.max_len).sum())
-  assert out.shape[0] == len(sources_BxS)
-  return {"sentences_per_s": len(sources_BxS) / t, "tokens_per_s": tokens / t,
-          "decode_s_median": t, "compile_s": first - t, "tokens": tokens}
+    out = jitted(params, inputs).block_until_ready()
+    assert out.shape[0] == len(sources_BxS)
+    return time.perf_counter() - t0
+
+  with compile_log() as log:
+    run()
+  return log["seconds"], run

@@ -23,6 +23,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,15 @@ TARGETS = (  # (description, figure key, threshold); ratios ours/PyTorch unless 
 )
 
 
-def bench_size(size, examples, *, peak, use_torch, max_extra_len):
+def measure_peak(peaks, use_torch, n):
+  """Appends a float32 matmul FLOP/s measurement per framework to `peaks`."""
+  peaks["ours"].append(jax_bench.matmul_peak(n))
+  if use_torch:
+    from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+    peaks["pytorch"].append(torch_bench.matmul_peak(n))
+
+
+def bench_size(size, examples, *, peaks, use_torch, max_extra_len):
   """{'ours': {...}, 'pytorch': {...}} figures of one size."""
   stats = common.epoch_stats(size, examples)
   batches = common.timed_batches(size, examples, size.train_steps)
@@ -53,57 +62,68 @@ def bench_size(size, examples, *, peak, use_torch, max_extra_len):
   ours["data shapes per epoch"] = stats["shapes"]
   ours["data timed batches"] = len(batches)
 
-  r, model, state = jax_bench.train(size, batches)
+  # The frameworks alternate step by step on the same batch, so that a change in the
+  # machine's load (it is shared) hits both alike.
+  trainers = [jax_bench.Trainer(size, batches)]
+  if use_torch:
+    from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+    trainers.append(torch_bench.Trainer(size, batches))
+  for trainer in trainers:
+    trainer.warm_up()
+  for i in range(len(batches)):
+    for trainer in trainers:
+      trainer.step(i)
+  measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048)
+  r = trainers[0].figures()
+  ours.update(_train_figures(r))
   ours.update({
       "train compile s (first shape)": r["compile_s_first_shape"],
       "train compile s (all shapes)": r["compile_s_all_shapes"],
       "train compiled shapes after warm-up": r["compiled_shapes_after_warmup"],
       "train recompiles after warm-up": r["recompiles_after_warmup"],
+  })
+  if use_torch:
+    theirs.update(_train_figures(trainers[1].figures()))
+
+  # Decoding: the same sources, every row run to its limit; runs alternate likewise.
+  model, params = trainers[0].model, trainers[0].state.params
+  sources = common.decode_sources(size, examples)
+  limits = jax_bench.generated_tokens(sources, max_extra_len, model.config.max_len)
+  runs = {}
+  for mode, name in (("greedy", "greedy"), ("beam", "beam4")):
+    ours[f"{name} compile s"], runs[name] = jax_bench.decoder(
+        model, params, sources, mode=mode, beam_size=4, max_extra_len=max_extra_len)
+  if use_torch:
+    runs["torch greedy"] = torch_bench.decoder(trainers[1].model, sources, limits)
+  times = {name: [] for name in runs}
+  for _ in range(size.decode_repeats):
+    for name, run in runs.items():
+      times[name].append(run())
+  for name, ts in times.items():
+    side, name = (theirs, name.split()[1]) if name.startswith("torch") else (ours, name)
+    side[f"{name} sentences/s"] = len(sources) / statistics.median(ts)
+    side[f"{name} tokens/s"] = int(limits.sum()) / statistics.median(ts)
+  ours["decode sentences x steps"] = f"{len(sources)} x {int(limits.max())}"
+  return {"ours": ours, "pytorch": theirs,
+          "step_s_all": {"ours": r["step_s_all"],
+                         "pytorch": use_torch and trainers[1].times},
+          "decode_s_all": times,
+          "batch_shapes": [list(b["targets"].shape) for b in batches]}
+
+
+def _train_figures(r):
+  return {
       "train step s (median)": r["step_s_median"],
       "train target tokens/s": r["target_tokens_per_s"],
       "train source+target tokens/s": r["tokens_per_s"],
       "train GFLOP per step": r["flops_per_step"] / 1e9,
       "train GFLOP/s": r["flops_per_s"] / 1e9,
-      "train MFU (padded) %": 100 * r["flops_per_s"] / peak["ours"],
-      "train MFU (real tokens) %": 100 * r["flops_per_s"] / peak["ours"]
-                                   * (1 - stats["padding_source_target"]),
+      "train MFU (padded) %": None,  # Set in main() against the best peak of the run.
+      "train MFU (real tokens) %": None,
+      "train CPU s per step (median)": r["cpu_s_per_step"],
       "train page faults per step": r["page_faults_per_step"],
       "train loss first->last": f"{r['loss_first']:.3f}->{r['loss_last']:.3f}",
-  })
-
-  sources = common.decode_sources(size, examples)
-  max_len = model.config.max_len
-  limits = jax_bench.generated_tokens(sources, max_extra_len, max_len)
-  for mode, name in (("greedy", "greedy"), ("beam", "beam4")):
-    d = jax_bench.decoding(model, state.params, sources, mode=mode, beam_size=4,
-                           max_extra_len=max_extra_len, repeats=size.decode_repeats)
-    ours[f"{name} compile s"] = d["compile_s"]
-    ours[f"{name} sentences/s"] = d["sentences_per_s"]
-    ours[f"{name} tokens/s"] = d["tokens_per_s"]
-  del state
-
-  if use_torch:
-    from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
-    t, tmodel = torch_bench.train(size, batches)
-    theirs.update({
-        "train step s (median)": t["step_s_median"],
-        "train target tokens/s": t["target_tokens_per_s"],
-        "train source+target tokens/s": t["tokens_per_s"],
-        "train GFLOP per step": t["flops_per_step"] / 1e9,
-        "train GFLOP/s": t["flops_per_s"] / 1e9,
-        "train MFU (padded) %": 100 * t["flops_per_s"] / peak["ours"],
-        "train MFU (real tokens) %": 100 * t["flops_per_s"] / peak["ours"]
-                                     * (1 - stats["padding_source_target"]),
-        "train page faults per step": t["page_faults_per_step"],
-        "train loss first->last": f"{t['loss_first']:.3f}->{t['loss_last']:.3f}",
-    })
-    d = torch_bench.decoding(tmodel, sources, limits, repeats=size.decode_repeats)
-    theirs["greedy sentences/s"] = d["sentences_per_s"]
-    theirs["greedy tokens/s"] = d["tokens_per_s"]
-  ours["decode sentences x steps"] = f"{len(sources)} x {int(limits.max())}"
-  return {"ours": ours, "pytorch": theirs,
-          "step_s_all": {"ours": r["step_s_all"], "pytorch": theirs and t["step_s_all"]},
-          "batch_shapes": [list(b["targets"].shape) for b in batches]}
+  }
 
 
 def _ratio(a, b):
@@ -121,34 +141,58 @@ def malloc_probe(size, steps):
   for _ in range(2):  # Compile, then one more step for the allocator to settle.
     state, m = step(state, placed)
     jax.block_until_ready((state, m))
-  times, faults = [], []
+  times, faults, cpu, sys_cpu = [], [], [], []
   for _ in range(steps):
-    f0, t0 = jax_bench.page_faults(), time.perf_counter()
+    u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     state, m = step(state, placed)
     jax.block_until_ready((state, m))
     times.append(time.perf_counter() - t0)
-    faults.append(jax_bench.page_faults() - f0)
+    u1 = resource.getrusage(resource.RUSAGE_SELF)
+    faults.append(u1.ru_minflt - u0.ru_minflt)
+    sys_cpu.append(u1.ru_stime - u0.ru_stime)
+    cpu.append(u1.ru_utime - u0.ru_utime + sys_cpu[-1])
+  # CPU seconds (user + kernel, all threads) are less sensitive to other processes'
+  # load than wall time; page faults show up as kernel time.
   print(json.dumps({"step_s_median": statistics.median(times), "step_s_all": times,
+                    "cpu_s_per_step": statistics.median(cpu),
+                    "sys_s_per_step": statistics.median(sys_cpu),
                     "page_faults_per_step": statistics.median(faults),
                     "shape": list(batch["targets"].shape)}))
 
 
-def malloc_compare(size_arg, steps):
-  """Our step in two fresh processes: glibc malloc as is, and with hugetlb=1."""
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"  # apt: libtcmalloc-minimal4
+ALLOCATORS = {  # name -> environment of the child process.
+    "default malloc": {},
+    "hugetlb=1": {"GLIBC_TUNABLES": HUGETLB},
+    "tcmalloc": {"LD_PRELOAD": TCMALLOC},
+}
+
+
+def malloc_compare(size_arg, steps, rounds, names):
+  """Our step in fresh processes per allocator, interleaved over `rounds` rounds so that
+  a change in machine load hits every allocator alike; medians over all their steps."""
+  names = [n for n in names if n != "tcmalloc" or os.path.exists(TCMALLOC)]
+  runs = {n: [] for n in names}
+  for _ in range(rounds):
+    for name in names:
+      env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+      env.update(ALLOCATORS[name])
+      cmd = [sys.executable, "-m", "benchmarks.run", "--malloc_probe", "--malloc_steps",
+             str(steps)] + size_arg
+      proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+      if proc.returncode:
+        raise RuntimeError(f"malloc probe ({name}) failed:\n{proc.stderr[-3000:]}")
+      runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
   out = {}
-  for name, tunables in (("default malloc", None), ("hugetlb=1", HUGETLB)):
-    env = dict(os.environ)
-    env.pop("GLIBC_TUNABLES", None)
-    if tunables:
-      env["GLIBC_TUNABLES"] = tunables
-    cmd = [sys.executable, "-m", "benchmarks.run", "--malloc_probe", "--malloc_steps",
-           str(steps)]
-    cmd += size_arg
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if proc.returncode:
-      raise RuntimeError(f"malloc probe failed:\n{proc.stderr[-3000:]}")
-    out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name, rs in runs.items():
+    median = lambda key, rs=rs: statistics.median(r[key] for r in rs)
+    out[name] = {"step_s_median": statistics.median(t for r in rs for t in r["step_s_all"]),
+                 "step_s_all": [t for r in rs for t in r["step_s_all"]],
+                 "cpu_s_per_step": median("cpu_s_per_step"),
+                 "sys_s_per_step": median("sys_s_per_step"),
+                 "page_faults_per_step": median("page_faults_per_step"),
+                 "env": ALLOCATORS[name], "shape": rs[0]["shape"]}
   return out
 
 
@@ -168,12 +212,17 @@ def print_table(results):
   for name, a, b, r in rows:
     print(f"{name:<{width}}  {fmt(a):>14}  {fmt(b):>14}  {fmt(r):>12}")
   if "malloc" in results:
-    m = results["malloc"]
-    print(f"\nour train step ({m['size']}, shape {m['default malloc']['shape']}) in fresh "
-          f"processes:  {'default malloc':>14}  {HUGETLB:>22}  ratio")
-    for key in ("step_s_median", "page_faults_per_step"):
-      a, b = m["default malloc"][key], m["hugetlb=1"][key]
-      print(f"  {key:<{width - 2}}  {fmt(a):>14}  {fmt(b):>22}  {fmt(_ratio(b, a))}")
+    m = dict(results["malloc"])
+    size = m.pop("size")
+    base = m["default malloc"]
+    print(f"\nour train step ({size}, batch {base['shape']}), one fresh process per allocator:")
+    print(f"  {'allocator':<16} {'step s (median)':>16} {'vs default':>11} "
+          f"{'CPU s/step':>11} {'kernel s/step':>14} {'page faults/step':>17}")
+    for name, r in m.items():
+      print(f"  {name:<16} {r['step_s_median']:>16.3f} "
+            f"{r['step_s_median'] / base['step_s_median']:>11.3f} "
+            f"{r['cpu_s_per_step']:>11.2f} {r['sys_s_per_step']:>14.2f} "
+            f"{r['page_faults_per_step']:>17,.0f}")
   print()
   for line in results["targets"]:
     print(line)
@@ -209,6 +258,7 @@ def main(argv=None):
   p.add_argument("--malloc", choices=("compare", "skip"), default="compare",
                  help="also time our step in subprocesses with/without glibc hugetlb")
   p.add_argument("--malloc_steps", type=int, default=5)
+  p.add_argument("--malloc_rounds", type=int, default=2)
   p.add_argument("--malloc_probe", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
 
@@ -218,13 +268,13 @@ def main(argv=None):
     names, size_arg = [args.config], ["--config", args.config]
   else:
     names = args.sizes.split(",")
-    size_arg = ["--sizes", names[-1]]
+    size_arg = ["--sizes", names[0]]  # The malloc probe times the first (smallest) size.
   sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]
   overrides = {k: v for k, v in (("train_steps", args.steps),
                                  ("decode_sentences", args.decode_sentences)) if v}
   sizes = [dataclasses.replace(s, **overrides) for s in sizes]
   if args.malloc_probe:
-    return malloc_probe(sizes[-1], args.malloc_steps)
+    return malloc_probe(sizes[0], args.malloc_steps)
 
   use_torch = not args.no_torch
   if use_torch:
@@ -242,21 +292,31 @@ def main(argv=None):
       "torch": use_torch and __import__("torch").__version__,
       "sizes": {s.name: dataclasses.asdict(s) for s in sizes}}}
   n = 256 if args.smoke else 2048
-  results["matmul_peak_gflops"] = {
-      "ours": jax_bench.matmul_peak(n) / 1e9,
-      "pytorch": torch_bench.matmul_peak(n) / 1e9 if use_torch else None}
-  peak = {k: (v or 0) * 1e9 for k, v in results["matmul_peak_gflops"].items()}
+  # The peak is measured before and after each size's training; the best one counts
+  # (on a shared machine a measurement can only come out low, never high).
+  peaks = {"ours": [], "pytorch": []}
+  measure_peak(peaks, use_torch, n)
   results["sizes"] = {}
   for size in sizes:
     t0 = time.perf_counter()
     examples = (common.multi30k_examples(size, args.data_dir) if args.data_dir
                 else common.synthetic_examples(size))
-    results["sizes"][size.name] = bench_size(size, examples, peak=peak, use_torch=use_torch,
+    results["sizes"][size.name] = bench_size(size, examples, peaks=peaks, use_torch=use_torch,
                                              max_extra_len=args.max_extra_len)
     print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
   if args.malloc == "compare":
-    results["malloc"] = dict(size=sizes[-1].name,
-                             **malloc_compare(size_arg, args.malloc_steps))
+    names = ["default malloc", "hugetlb=1"] + ([] if args.smoke else ["tcmalloc"])
+    results["malloc"] = dict(size=sizes[0].name, **malloc_compare(
+        size_arg, args.malloc_steps, 1 if args.smoke else args.malloc_rounds, names))
+  results["matmul_peak_gflops"] = {k: max(v) / 1e9 if v else None for k, v in peaks.items()}
+  results["matmul_peak_all_gflops"] = {k: [x / 1e9 for x in v] for k, v in peaks.items()}
+  peak = max(peaks["ours"])
+  for res in results["sizes"].values():
+    padding = res["ours"]["data padding (source+target) %"] / 100
+    for side in (res["ours"], res["pytorch"]):
+      if "train GFLOP/s" in side:
+        side["train MFU (padded) %"] = 100 * side["train GFLOP/s"] * 1e9 / peak
+        side["train MFU (real tokens) %"] = side["train MFU (padded) %"] * (1 - padding)
   results["meta"]["load_average_end"] = os.getloadavg()
   results["targets"] = check_targets(results)
   print_table(results)

@@ -12,7 +12,6 @@ has none): every step re-runs the decoder over the whole prefix.
 
 import math
 import os
-import statistics
 import time
 import warnings
 
@@ -80,53 +79,51 @@ def matmul_peak(n=2048, repeats=5):
   return 2 * n**3 / best
 
 
-def setup(size, seed=0):
-  torch.set_num_threads(os.cpu_count() or 1)
-  torch.manual_seed(seed)
-  model = TorchTransformer(size)
-  opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-  sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(size.d_model))
-  return model, opt, sched
-
-
 def _tensors(batch):
   src = torch.from_numpy(batch["inputs"].astype(np.int64))
   tgt = torch.from_numpy(batch["targets"].astype(np.int64))
   return src, torch.from_numpy(common.shift_right(batch["targets"]).astype(np.int64)), tgt
 
 
-def train(size, batches, setup_result=None):
-  """One warm-up step, then every batch timed once (the same batches as ours)."""
-  model, opt, sched = setup_result or setup(size)
-  model.train()
+class Trainer:
+  """PyTorch's step over the same batches: warm_up() runs one, step(i) times one."""
 
-  def step(src, tgt_in, tgt):
-    opt.zero_grad(set_to_none=True)
-    logits = model(src, tgt_in)
+  def __init__(self, size, batches, seed=0):
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(seed)
+    self.size, self.batches = size, batches
+    self.model = TorchTransformer(size)
+    self.opt = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _schedule(size.d_model))
+    self._data = [_tensors(b) for b in batches]
+    self.times, self.cpu, self.losses, self.faults = [], [], [], 0
+
+  def _run(self, i):
+    src, tgt_in, tgt = self._data[i]
+    self.model.train()
+    self.opt.zero_grad(set_to_none=True)
+    logits = self.model(src, tgt_in)
     loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=PAD_ID,
                            label_smoothing=0.1, reduction="sum")
     loss = loss / (tgt != PAD_ID).sum().clamp(min=1)
     loss.backward()
-    opt.step()
-    sched.step()
+    self.opt.step()
+    self.sched.step()
     return float(loss.detach())
 
-  data = [_tensors(b) for b in batches]
-  step(*data[0])
-  times, losses = [], []
-  faults = page_faults()
-  for d in data:
-    t0 = time.perf_counter()
-    losses.append(step(*d))
-    times.append(time.perf_counter() - t0)
-  faults = (page_faults() - faults) / len(batches)
-  tgt, both = map(sum, zip(*map(common.token_counts, batches)))
-  flops = sum(common.batch_flops(size, b) for b in batches)
-  return {"step_s_median": statistics.median(times), "step_s_all": times,
-          "page_faults_per_step": faults,
-          "target_tokens_per_s": tgt / sum(times), "tokens_per_s": both / sum(times),
-          "flops_per_step": flops / len(batches), "flops_per_s": flops / sum(times),
-          "loss_first": losses[0], "loss_last": losses[-1]}, model
+  def warm_up(self):
+    self._run(0)
+
+  def step(self, i):
+    f0, c0, t0 = page_faults(), time.process_time(), time.perf_counter()
+    self.losses.append(self._run(i))
+    self.times.append(time.perf_counter() - t0)
+    self.cpu.append(time.process_time() - c0)
+    self.faults += page_faults() - f0
+
+  def figures(self):
+    return common.summarize(self.size, self.batches, self.times, self.cpu, self.losses,
+                            self.faults)
 
 
 @torch.inference_mode()
@@ -150,15 +147,15 @@ def greedy(model, src_BxS, max_len_B):
   return ys_BxT[:, 1:]
 
 
-def decoding(model, sources_BxS, max_len_B, repeats=3):
+def decoder(model, sources_BxS, max_len_B):
+  """run() greedy-decodes the batch once and returns its seconds."""
   model.eval()
   src = torch.from_numpy(sources_BxS.astype(np.int64))
   limits = torch.from_numpy(max_len_B.astype(np.int64))
-  times = []
-  for _ in range(repeats):
+
+  def run():
     t0 = time.perf_counter()
     greedy(model, src, limits)
-    times.append(time.perf_counter() - t0)
-  t = statistics.median(times)
-  return {"sentences_per_s": len(src) / t, "tokens_per_s": int(max_len_B.sum()) / t,
-          "decode_s_median": t}
+    return time.perf_counter() - t0
+
+  return run

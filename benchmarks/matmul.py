@@ -1,0 +1,70 @@
+"""Float32 matmul GFLOP/s at the shapes of the base model's training step: jnp.dot vs torch.mm.
+
+  python -m benchmarks.matmul                          # XLA's default CPU kernels
+  XLA_FLAGS=--xla_cpu_use_onednn=true python -m benchmarks.matmul
+
+M = 4096 tokens; best of --repeats runs each. The training step is ~all
+matmuls, so its MFU is bounded by how fast these run.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+
+SHAPES = (  # (name, m, k, n): [m, k] x [k, n].
+    ("square 2048", 2048, 2048, 2048),
+    ("Q/K/V/O 4096x512x512", 4096, 512, 512),
+    ("FFN in 4096x512x2048", 4096, 512, 2048),
+    ("FFN out 4096x2048x512", 4096, 2048, 512),
+    ("logits 4096x512x37000", 4096, 512, 37000),
+    ("embedding grad 37000x4096x512", 37000, 4096, 512),
+)
+
+
+def best_seconds(fn, repeats):
+  fn()
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--no_torch", action="store_true")
+  args = p.parse_args(argv)
+  torch = None
+  if not args.no_torch:
+    try:
+      import torch  # pylint: disable=g-import-not-at-top
+      torch.set_num_threads(os.cpu_count() or 1)
+    except ImportError:
+      pass
+  dot = jax.jit(jnp.dot)
+  print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  print(f"{'shape':<32} {'jnp.dot GFLOP/s':>16} {'torch.mm GFLOP/s':>17} {'ratio':>6}")
+  rows = []
+  for name, m, k, n in SHAPES:
+    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+    ours = 2 * m * k * n / best_seconds(lambda: dot(a, b).block_until_ready(), args.repeats)
+    theirs = None
+    if torch is not None:
+      ta, tb = torch.randn(m, k), torch.randn(k, n)
+      theirs = 2 * m * k * n / best_seconds(lambda: torch.mm(ta, tb), args.repeats)
+    rows.append((name, ours / 1e9, theirs and theirs / 1e9))
+    print(f"{name:<32} {ours / 1e9:>16.1f} "
+          + (f"{theirs / 1e9:>17.1f} {ours / theirs:>6.2f}" if theirs else ""), flush=True)
+  return rows
+
+
+if __name__ == "__main__":
+  main()

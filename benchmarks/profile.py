@@ -1,0 +1,185 @@
+"""Where our training step's time goes: a per-op profile, and the step with one thing changed.
+
+  python -m benchmarks.profile --size small --variants all --json prof.json
+
+Every variant is the library's own train step (training.compile_steps) on the
+same pipeline batch, timed as the median of --steps steps after warm-up; its
+ratio is variant / baseline step time. Variants change one thing, traced in
+from here (no library file is edited):
+  dropout=0          no dropout at all: an upper bound on what dropout costs
+  rbg                jax_default_prng_impl=unsafe_rbg (XLA RngBitGenerator) for
+                     the dropout masks instead of threefry
+  fused_loss         label-smoothed cross-entropy from one log_softmax, no
+                     [B, T, V] one-hot (losses.cross_entropy_sums replaced)
+  reference_attn     attention_impl="reference" instead of jax.nn.dot_product_attention
+  bfloat16           compute dtype bfloat16 (parameters stay float32)
+Parts: forward only (the eval loss) and forward + backward (gradients, dropout
+on) time the step without the optimizer. --trace adds the top XLA ops of a
+jax.profiler trace (thunk names on the CPU client threads, summed over steps).
+"""
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import functools
+import glob
+import json
+import os
+import statistics
+import tempfile
+import time
+from unittest import mock
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+
+from benchmarks import common
+from transformer import losses, sharding, training
+
+VARIANTS = ("dropout=0", "rbg", "fused_loss", "reference_attn", "bfloat16")
+
+
+def fused_cross_entropy_sums(logits_BxTxV, targets_BxT, weights_BxT, label_smoothing=0.1):
+  """losses.cross_entropy_sums from one log_softmax and a gather (same values).
+
+  With targets (1 - eps) one-hot + eps / V: loss = (1 - eps) nll - eps/V sum_v log p_v.
+  """
+  V = logits_BxTxV.shape[-1]
+  logp_BxTxV = jax.nn.log_softmax(logits_BxTxV)
+  nll_BxT = -jnp.take_along_axis(logp_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+  loss_BxT = (1 - label_smoothing) * nll_BxT - label_smoothing / V * jnp.sum(logp_BxTxV, -1)
+  correct_BxT = (jnp.argmax(logits_BxTxV, axis=-1) == targets_BxT).astype(jnp.float32)
+  return {"loss": jnp.sum(loss_BxT * weights_BxT), "nll": jnp.sum(nll_BxT * weights_BxT),
+          "correct": jnp.sum(correct_BxT * weights_BxT), "tokens": jnp.sum(weights_BxT)}
+
+
+@contextlib.contextmanager
+def variant(name):
+  """Traces the step (and builds the state) with one change in force."""
+  with contextlib.ExitStack() as stack:
+    if name == "rbg":
+      old = jax.config.jax_default_prng_impl
+      jax.config.update("jax_default_prng_impl", "unsafe_rbg")
+      stack.callback(jax.config.update, "jax_default_prng_impl", old)
+    if name == "fused_loss":
+      stack.enter_context(mock.patch.object(losses, "cross_entropy_sums",
+                                            fused_cross_entropy_sums))
+    yield
+
+
+def _config(size, name):
+  config = common.experiment_config(size)
+  if name == "dropout=0":
+    config.model.dropout = 0.0
+  if name == "reference_attn":
+    config.model.attention_impl = "reference"
+  if name == "bfloat16":
+    config.model.dtype = "bfloat16"
+  return config
+
+
+def _median_time(fn, steps):
+  fn()
+  fn()  # Compile, then one more for the allocator to settle.
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def time_variant(size, batch, name, steps, parts=False):
+  """Median seconds of the train step (and with parts, of forward and forward+backward)."""
+  with variant(name):
+    config = _config(size, name)
+    mesh = sharding.make_mesh()
+    model, tx, _, shardings = training.build(config, size.vocab_size, mesh)
+    state = training.init_state(model, tx, config, shardings)
+    step, _ = training.compile_steps(model, tx, config, mesh, shardings)
+    placed = sharding.place_batch(batch, mesh)
+    out = {}
+    if parts:
+      loss_fn = functools.partial(training.loss_sums, model=model, label_smoothing=0.1)
+      fwd = jax.jit(lambda p, b: loss_fn(p, b)["loss"])
+      grad = jax.jit(jax.grad(lambda p, b, r: loss_fn(p, b, rng=r)["loss"]))
+      rng = jax.random.key(1)
+      out["forward"] = _median_time(
+          lambda: fwd(state.params, placed).block_until_ready(), steps)
+      out["forward+backward"] = _median_time(
+          lambda: jax.block_until_ready(grad(state.params, placed, rng)), steps)
+    holder = [state]
+
+    def run_step():
+      holder[0], metrics = step(holder[0], placed)
+      jax.block_until_ready((holder[0], metrics))
+
+    out["step"] = _median_time(run_step, steps)
+    return out, (step, holder)
+
+
+def top_ops(step, holder, placed, steps=2, top=15):
+  """[(thunk name, ms per step, share)] from a jax.profiler trace of `steps` steps."""
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      for _ in range(steps):
+        holder[0], m = step(holder[0], placed)
+        jax.block_until_ready((holder[0], m))
+    path = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)[0]
+    data = jax.profiler.ProfileData.from_file(path)
+  total = collections.Counter()
+  for plane in data.planes:
+    for line in plane.lines:
+      if "PjRtCpuClient" not in line.name and "XLAEigen" not in line.name:
+        continue
+      for e in line.events:
+        if e.name.startswith(("ThreadpoolListener", "ThunkExecutor", "end: ")):
+          continue
+        total[e.name] += e.duration_ns / 1e6 / steps
+  whole = sum(total.values()) or 1.0
+  return [(n, ms, ms / whole) for n, ms in total.most_common(top)], whole
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--size", default="small", help="smoke | small | base")
+  p.add_argument("--steps", type=int, default=3)
+  p.add_argument("--variants", default="all", help=f"comma-separated of {VARIANTS}, or none")
+  p.add_argument("--trace", action="store_true", help="per-op profile of the baseline step")
+  p.add_argument("--json")
+  args = p.parse_args(argv)
+  size = common.SIZES[args.size]
+  batch = common.timed_batches(size, common.synthetic_examples(size), 1)[0]
+  names = (VARIANTS if args.variants == "all" else
+           [] if args.variants == "none" else args.variants.split(","))
+  print(f"size {size.name}, batch {batch['targets'].shape}, "
+        f"{common.batch_flops(size, batch) / 1e9:.1f} GFLOP a step", flush=True)
+  results = {"batch_shape": list(batch["targets"].shape), "size": dataclasses.asdict(size)}
+  base, (step, holder) = time_variant(size, batch, "baseline", args.steps, parts=True)
+  results["baseline"] = base
+  for part, seconds in base.items():
+    print(f"  {part:<18} {seconds:8.3f} s  {seconds / base['step']:6.1%} of the step",
+          flush=True)
+  if args.trace:
+    ops, whole = top_ops(step, holder, sharding.place_batch(batch, sharding.make_mesh()))
+    results["top_ops"] = ops
+    print(f"top XLA thunks (summed over threads: {whole:.0f} ms a step):")
+    for name, ms, share in ops:
+      print(f"  {name[:60]:<60} {ms:9.1f} ms {share:6.1%}")
+  del step, holder
+  for name in names:
+    out, _ = time_variant(size, batch, name, args.steps)
+    results[name] = out
+    print(f"  {name:<18} {out['step']:8.3f} s  x{out['step'] / base['step']:.3f} of baseline",
+          flush=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(results, f, indent=2)
+  return results
+
+
+if __name__ == "__main__":
+  main()
