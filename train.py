@@ -8,7 +8,12 @@ resumes from the latest checkpoint in the workdir.
 
 import os
 
-from absl import app
+from transformer import runtime
+
+if __name__ == "__main__":
+  runtime.use_huge_page_malloc()  # Before JAX starts; see transformer/runtime.py.
+
+from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
@@ -27,7 +32,7 @@ def _quiet_libraries(record) -> bool:
 
 
 def main(argv):
-  logging.get_absl_handler().addFilter(_quiet_libraries)
+  logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config_path = flags.FLAGS["config"].config_filename

@@ -15,6 +15,11 @@ standard figure today; the paper's 27.3/28.4 were computed on tokenized text and
 are not directly comparable.
 """
 
+if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
+  from transformer import runtime
+  runtime.use_huge_page_malloc()
+
+
 import json
 import os
 import re

@@ -15,6 +15,11 @@ written whole or not at all. --plot_attention draws the encoder-decoder
 attention of the first non-empty line (plots.py).
 """
 
+if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
+  from transformer import runtime
+  runtime.use_huge_page_malloc()
+
+
 import os
 import sys
 
