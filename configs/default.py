@@ -30,7 +30,7 @@ def get_config():
   config.data.pack_source_length = 40  # ... whose commands average 8 words.
 
   config.optim.warmup_steps = 400  # Short run, short warmup.
-  config.optim.learning_rate_scale = 2.0  # Peak lr = 2 * 128^-0.5 * 400^-0.5 = 8.8e-3.
+  config.optim.learning_rate_scale = 1.0  # Peak lr = 128^-0.5 * 400^-0.5 = 4.4e-3.
 
   config.train.num_steps = 2000
   config.train.log_every = 50
