@@ -136,3 +136,20 @@ def test_sharded_step_equals_single_device():
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "sharded == single-device: replicated, fsdp" in out.stdout
+
+
+def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp_path, data_dir):
+  import shutil
+  workdir = str(tmp_path / "corrupt")
+  config = tiny_config(data_dir, num_steps=20, eval_every=100)
+  training.train_and_evaluate(config, workdir)
+  ckpt = os.path.join(workdir, "checkpoints")
+  shutil.rmtree(os.path.join(ckpt, "20", "state"))  # A damaged newest checkpoint.
+  # What a save killed half-way leaves: Orbax's temporary directory, never renamed.
+  os.makedirs(os.path.join(ckpt, "30.orbax-checkpoint-tmp-1234", "state"))
+  state, data_state, step = restore_params(workdir, config)
+  assert step == 10 and int(state.step) == 10
+  config.train.num_steps = 12
+  training.train_and_evaluate(config, workdir)  # Resumes from 10, not from scratch.
+  assert restore_params(workdir, config)[2] == 12
+  assert os.path.isdir(os.path.join(ckpt, "20.unreadable"))  # Set aside, not deleted.

@@ -3,7 +3,8 @@
 Orbax writes each step into a temporary directory and renames it when complete,
 so a run killed while saving resumes from the last complete checkpoint. A
 checkpoint that is present but unreadable is skipped with a warning in favour of
-the next older one.
+the next older one; a training run then renames it to <step>.unreadable (kept,
+not deleted) so that it can save that step again.
 """
 
 import os
@@ -26,6 +27,7 @@ class Checkpointer:
     """With `best_metric`, saves carry metrics and only the `keep` checkpoints
     with the highest value of that metric are kept."""
     self.directory = os.path.abspath(directory)
+    self._read_only = read_only
     if read_only and not os.path.isdir(self.directory):
       raise FileNotFoundError(f"no checkpoints at {self.directory}")
     best = {}
@@ -73,6 +75,7 @@ class Checkpointer:
         if errors:
           logging.warning("Restored step %d after skipping unreadable checkpoints: %s",
                           candidate, "; ".join(errors))
+          self._set_aside([s for s in candidates if s > candidate])
         return restored.state, restored.data, candidate
       except Exception as e:  # pylint: disable=broad-except
         if step is not None:
@@ -84,6 +87,17 @@ class Checkpointer:
     if errors:
       raise RuntimeError(f"no readable checkpoint in {self.directory}: {'; '.join(errors)}")
     return None
+
+  def _set_aside(self, steps) -> None:
+    """Renames unreadable checkpoints to <step>.unreadable (kept for inspection,
+    invisible to Orbax), so that training can save those step numbers again."""
+    if self._read_only:
+      return
+    for step in steps:
+      path = os.path.join(self.directory, str(step))
+      os.rename(path, f"{path}.unreadable")
+      logging.warning("Moved unreadable checkpoint %s to %s.unreadable", path, path)
+    self._manager.reload()
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
