@@ -13,6 +13,8 @@ from here (no library file is edited):
                      [B, T, V] one-hot (losses.cross_entropy_sums replaced)
   reference_attn     attention_impl="reference" instead of jax.nn.dot_product_attention
   bfloat16           compute dtype bfloat16 (parameters stay float32)
+  pack               a packed batch (data.batching="pack", pack_length = max_length)
+                     instead of a bucketed one: compare target tokens/s, not time
 Parts: forward only (the eval loss) and forward + backward (gradients, dropout
 on) time the step without the optimizer. --trace adds the top XLA ops of a
 jax.profiler trace (thunk names on the CPU client threads, summed over steps).
@@ -39,7 +41,7 @@ import jax.numpy as jnp
 from benchmarks import common
 from transformer import losses, sharding, training
 
-VARIANTS = ("dropout=0", "rbg", "fused_loss", "reference_attn", "bfloat16")
+VARIANTS = ("dropout=0", "rbg", "fused_loss", "reference_attn", "bfloat16", "pack")
 
 
 def fused_cross_entropy_sums(logits_BxTxV, targets_BxT, weights_BxT, label_smoothing=0.1):
@@ -140,7 +142,11 @@ def top_ops(step, holder, placed, steps=2, top=15):
           continue
         total[e.name] += e.duration_ns / 1e6 / steps
   whole = sum(total.values()) or 1.0
-  return [(n, ms, ms / whole) for n, ms in total.most_common(top)], whole
+  kinds = collections.Counter()
+  for name, ms in total.items():  # 'ynn_fusion.382' -> 'ynn_fusion' (YNNPACK matmuls)
+    kinds[name.split(".")[0]] += ms
+  return ([(n, ms, ms / whole) for n, ms in total.most_common(top)],
+          [(n, ms, ms / whole) for n, ms in kinds.most_common(top)], whole)
 
 
 def main(argv=None):
@@ -152,29 +158,39 @@ def main(argv=None):
   p.add_argument("--json")
   args = p.parse_args(argv)
   size = common.SIZES[args.size]
-  batch = common.timed_batches(size, common.synthetic_examples(size), 1)[0]
+  examples = common.synthetic_examples(size)
+  batch = common.timed_batches(size, examples, 1)[0]
+  packed = next(common.pipeline.TrainBatches(
+      examples, tokens_per_batch=size.tokens_per_batch, seed=0, batching="pack",
+      pack_length=size.max_length))
   names = (VARIANTS if args.variants == "all" else
            [] if args.variants == "none" else args.variants.split(","))
   print(f"size {size.name}, batch {batch['targets'].shape}, "
         f"{common.batch_flops(size, batch) / 1e9:.1f} GFLOP a step", flush=True)
   results = {"batch_shape": list(batch["targets"].shape), "size": dataclasses.asdict(size)}
   base, (step, holder) = time_variant(size, batch, "baseline", args.steps, parts=True)
-  results["baseline"] = base
   for part, seconds in base.items():
     print(f"  {part:<18} {seconds:8.3f} s  {seconds / base['step']:6.1%} of the step",
           flush=True)
+  base["target_tokens_per_s"] = common.token_counts(batch)[0] / base["step"]
+  results["baseline"] = base
   if args.trace:
-    ops, whole = top_ops(step, holder, sharding.place_batch(batch, sharding.make_mesh()))
-    results["top_ops"] = ops
-    print(f"top XLA thunks (summed over threads: {whole:.0f} ms a step):")
-    for name, ms, share in ops:
-      print(f"  {name[:60]:<60} {ms:9.1f} ms {share:6.1%}")
+    ops, kinds, whole = top_ops(step, holder,
+                                sharding.place_batch(batch, sharding.make_mesh()))
+    results["top_ops"], results["top_kinds"] = ops, kinds
+    print(f"XLA thunks by kind, then the top ones ({whole:.0f} ms a step in all):")
+    for name, ms, share in kinds + [("", 0, 0)] + ops:
+      print(f"  {name[:60]:<60} {ms:9.1f} ms {share:6.1%}" if name else "")
   del step, holder
+  print(f"  baseline: {base['target_tokens_per_s']:,.0f} target tokens/s")
   for name in names:
-    out, _ = time_variant(size, batch, name, args.steps)
+    b = packed if name == "pack" else batch
+    out, _ = time_variant(size, b, name, args.steps)
+    out["target_tokens_per_s"] = common.token_counts(b)[0] / out["step"]
     results[name] = out
-    print(f"  {name:<18} {out['step']:8.3f} s  x{out['step'] / base['step']:.3f} of baseline",
-          flush=True)
+    print(f"  {name:<18} {out['step']:8.3f} s  x{out['step'] / base['step']:.3f} of baseline, "
+          f"{out['target_tokens_per_s']:,.0f} target tokens/s "
+          f"(x{out['target_tokens_per_s'] / base['target_tokens_per_s']:.3f})", flush=True)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=2)

@@ -11,16 +11,18 @@ batches (TrainBatches over synthetic sentence-length examples, or Multi30k with
 (median), real target tokens/s, source+target tokens/s, analytic FLOPs per
 step (common.train_flops) and MFU against a float32 matmul peak measured in the
 same run, padding of the pipeline's batches, compiled shapes and recompiles,
-page faults per step, greedy (both) and beam-4 (ours) decoding speed. Unless
---malloc=skip, our step is also run in two subprocesses, with and without
-GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (the variable must be set before the
-process starts).
+page faults and CPU seconds per step, greedy (both) and beam-4 (ours) decoding
+speed. The two frameworks alternate step by step, so that other processes'
+load (the machine may be shared) hits both alike. Unless --malloc=skip, our
+step of the first size also runs in fresh subprocesses, interleaved over
+--malloc_rounds rounds: glibc malloc as is, GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+and tcmalloc (LD_PRELOAD, if installed); such variables act only when set before
+the process starts.
 """
 
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import resource
@@ -32,7 +34,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # pylint: disable=g-import-not-at-top
-import numpy as np
 
 from benchmarks import common, jax_bench
 
@@ -279,7 +280,7 @@ def main(argv=None):
   use_torch = not args.no_torch
   if use_torch:
     try:
-      from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+      from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top,unused-import # noqa: F401
     except ImportError as e:
       print(f"PyTorch not importable ({e}): running our half only.")
       use_torch = False
