@@ -94,33 +94,64 @@ def _median_time(fn, steps):
   return statistics.median(times)
 
 
-def time_variant(size, batch, name, steps, parts=False):
-  """Median seconds of the train step (and with parts, of forward and forward+backward)."""
+def _setup(size, batch, name):
+  """(model, state, jitted step, placed batch) of a variant, built under it."""
   with variant(name):
     config = _config(size, name)
     mesh = sharding.make_mesh()
     model, tx, _, shardings = training.build(config, size.vocab_size, mesh)
     state = training.init_state(model, tx, config, shardings)
     step, _ = training.compile_steps(model, tx, config, mesh, shardings)
-    placed = sharding.place_batch(batch, mesh)
-    out = {}
-    if parts:
-      loss_fn = functools.partial(training.loss_sums, model=model, label_smoothing=0.1)
-      fwd = jax.jit(lambda p, b: loss_fn(p, b)["loss"])
-      grad = jax.jit(jax.grad(lambda p, b, r: loss_fn(p, b, rng=r)["loss"]))
-      rng = jax.random.key(1)
-      out["forward"] = _median_time(
-          lambda: fwd(state.params, placed).block_until_ready(), steps)
-      out["forward+backward"] = _median_time(
-          lambda: jax.block_until_ready(grad(state.params, placed, rng)), steps)
-    holder = [state]
+    return model, state, step, sharding.place_batch(batch, mesh)
 
-    def run_step():
+
+def _stepper(name, state, step, placed):
+  """run() does one train step of the variant; holder[0] is the current state."""
+  holder = [state]
+
+  def run():
+    with variant(name):
       holder[0], metrics = step(holder[0], placed)
       jax.block_until_ready((holder[0], metrics))
 
-    out["step"] = _median_time(run_step, steps)
-    return out, (step, holder)
+  return run, holder
+
+
+def time_variant(size, batch, name, steps, parts=False):
+  """Median seconds of the train step (and with parts, of forward and forward+backward)."""
+  model, state, step, placed = _setup(size, batch, name)
+  out = {}
+  if parts:
+    loss_fn = functools.partial(training.loss_sums, model=model, label_smoothing=0.1)
+    fwd = jax.jit(lambda p, b: loss_fn(p, b)["loss"])
+    grad = jax.jit(jax.grad(lambda p, b, r: loss_fn(p, b, rng=r)["loss"]))
+    rng = jax.random.key(1)
+    out["forward"] = _median_time(lambda: fwd(state.params, placed).block_until_ready(), steps)
+    out["forward+backward"] = _median_time(
+        lambda: jax.block_until_ready(grad(state.params, placed, rng)), steps)
+  run, holder = _stepper(name, state, step, placed)
+  out["step"] = _median_time(run, steps)
+  return out, (step, holder)
+
+
+def interleave(size, batch, names, steps, packed=None):
+  """Baseline and variants alternating step by step in one process, so that drifting
+  load from other processes hits all alike: median wall and CPU seconds per step."""
+  runs = {}
+  for name in ("baseline",) + tuple(names):
+    b = packed if name == "pack" else batch
+    runs[name] = _stepper(name, *_setup(size, b, name)[1:])[0]
+    runs[name]()
+    runs[name]()  # Compile, then one more for the allocator to settle.
+  wall, cpu = ({n: [] for n in runs} for _ in range(2))
+  for _ in range(steps):
+    for name, run in runs.items():
+      c0, t0 = time.process_time(), time.perf_counter()
+      run()
+      wall[name].append(time.perf_counter() - t0)
+      cpu[name].append(time.process_time() - c0)
+  return {n: {"step": statistics.median(wall[n]), "cpu": statistics.median(cpu[n]),
+              "step_all": wall[n]} for n in runs}
 
 
 def top_ops(step, holder, placed, steps=2, top=15):
@@ -155,6 +186,8 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--variants", default="all", help=f"comma-separated of {VARIANTS}, or none")
   p.add_argument("--trace", action="store_true", help="per-op profile of the baseline step")
+  p.add_argument("--interleave", action="store_true",
+                 help="only: baseline and --variants alternating step by step (wall and CPU s)")
   p.add_argument("--json")
   args = p.parse_args(argv)
   size = common.SIZES[args.size]
@@ -168,6 +201,19 @@ def main(argv=None):
   print(f"size {size.name}, batch {batch['targets'].shape}, "
         f"{common.batch_flops(size, batch) / 1e9:.1f} GFLOP a step", flush=True)
   results = {"batch_shape": list(batch["targets"].shape), "size": dataclasses.asdict(size)}
+  if args.interleave:
+    results["interleaved"] = out = interleave(size, batch, names, args.steps, packed)
+    for name, r in out.items():
+      r["target_tokens_per_s"] = common.token_counts(
+          packed if name == "pack" else batch)[0] / r["step"]
+      print(f"  {name:<18} {r['step']:8.3f} s wall  {r['cpu']:8.3f} s CPU  "
+            f"x{r['step'] / out['baseline']['step']:.3f} wall  "
+            f"x{r['cpu'] / out['baseline']['cpu']:.3f} CPU of baseline  "
+            f"{r['target_tokens_per_s']:,.0f} target tokens/s", flush=True)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+    return results
   base, (step, holder) = time_variant(size, batch, "baseline", args.steps, parts=True)
   for part, seconds in base.items():
     print(f"  {part:<18} {seconds:8.3f} s  {seconds / base['step']:6.1%} of the step",
