@@ -32,7 +32,7 @@ def _quiet_libraries(record) -> bool:
 
 
 def main(argv):
-  logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
+  logging.get_absl_logger().addFilter(_quiet_libraries)
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config_path = flags.FLAGS["config"].config_filename

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax.metrics import tensorboard
 
 from transformer import checkpoints, data as data_lib, evaluate as evaluate_lib
 from transformer import losses, optim, sharding
@@ -162,6 +161,8 @@ class _Progress:
   """Console progress line and TensorBoard scalars for training."""
 
   def __init__(self, workdir, total_steps, start_step):
+    # Imported here: it pulls in TensorFlow, seconds that nothing else needs.
+    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top
     self.writer = tensorboard.SummaryWriter(workdir) if jax.process_index() == 0 else None
     self.total, self.start = total_steps, start_step
     self.t0 = self.last_time = time.time()
