@@ -150,10 +150,11 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   EOS: those stay alive; an EOS extension that ranks among the top K of the
   step competes for the K finished slots (lower-ranked ones would not have
   been in the beam, as in fairseq). A batch item stops (its state is frozen)
-  at its max_len, once its K finished slots are full, or when no alive beam
-  can beat its worst finished one: alive log-probs only decrease, so
-  best_alive_logp / max(lp over the remaining lengths) bounds any future
-  score. With K = 1 this is exactly greedy search.
+  at its max_len; when no alive beam can beat its worst finished one (alive
+  log-probs only decrease, so best_alive_logp / max(lp over the remaining
+  lengths) bounds any future score); or, as greedy search does, once its K
+  finished slots are full and the best of them beats every alive hypothesis as
+  it stands. With K = 1 this is exactly greedy search.
   Output: finished hypotheses (ending in EOS, PAD after) sorted by score, then,
   to fill the K rows, alive ones (no EOS, score = logp / lp(their length)):
   an item with nothing finished returns its alive beams.
@@ -169,8 +170,13 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     # largest penalty (the best score for logp < 0) is at one end.
     lp_best_B = jnp.maximum(length_penalty(s['t'] + 1, alpha),
                             length_penalty(max_len_B, alpha))
-    return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF)
-            | jnp.all(s['fin_ok'], axis=1) | (fin_worst_B > live_best_B / lp_best_B))
+    fin_best_B = jnp.max(jnp.where(s['fin_ok'], s['fin_score'], NEG_INF), axis=1)
+    # As greedy search does: once the K finished slots are full, stop when the
+    # best finished hypothesis beats every alive one as it stands (t tokens).
+    beaten_now_B = (jnp.all(s['fin_ok'], axis=1)
+                    & (fin_best_B >= live_best_B / length_penalty(s['t'], alpha)))
+    return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF) | beaten_now_B
+            | (fin_worst_B > live_best_B / lp_best_B))
 
   def cond_fn(s):
     return (s['t'] < L) & ~jnp.all(done_fn(s))
