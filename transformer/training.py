@@ -242,6 +242,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                   best_metric=best_metric)
   decode_pairs = data.eval_pairs[:config.train.decode_examples or None]
   decode_examples = data.eval_examples[:len(decode_pairs)]
+  decode_sources = [s for s, _ in decode_pairs]
+  decode_references = [t for _, t in decode_pairs]
   restored = checkpointer.restore(abstract, shardings)
   if restored is None:
     state = init_state(model, tx, config, shardings)
@@ -272,12 +274,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
       progress.log_eval(step, eval_metrics)
     if config.train.decode_every and (step % config.train.decode_every == 0 or last):
       decoded, hypotheses = evaluate_lib.evaluate_examples(
-          model, state.params, decode_examples, [t for _, t in decode_pairs],
+          model, state.params, decode_examples, decode_references,
           data.tokenizer, config, mesh, mode=config.train.decode_mode,
           beam_size=config.decode.beam_size, alpha=config.decode.alpha,
           max_extra_len=config.decode.max_extra_len)
-      progress.log_decode(step, decoded, [s for s, _ in decode_pairs],
-                          [t for _, t in decode_pairs], hypotheses)
+      progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
       eval_metrics[best_metric] = decoded[best_metric]
       previous = best.best_value(best_metric)
       if previous is None or decoded[best_metric] > previous:
