@@ -25,14 +25,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the
                                "go; default runs/<config file stem>.")
 
 
-def _quiet_libraries(record) -> bool:
-  """Keeps Orbax's and TFDS's INFO chatter out of the training log (warnings pass)."""
-  noisy = ("/orbax/", "/tensorflow_datasets/")
-  return record.levelno >= logging.WARNING or not any(n in record.pathname for n in noisy)
-
-
 def main(argv):
-  logging.get_absl_logger().addFilter(_quiet_libraries)
+  runtime.quiet_library_logs()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config_path = flags.FLAGS["config"].config_filename

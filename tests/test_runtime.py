@@ -26,3 +26,23 @@ def test_tunable_is_set_once_and_kept_with_others():
 
 def test_opt_out():
   assert run(TRANSFORMER_DEFAULT_MALLOC="1") == "None"
+
+
+def test_library_info_is_dropped_and_warnings_kept():
+  script = """
+from absl import logging
+from transformer import runtime
+logging.set_verbosity(logging.INFO)
+logging.use_absl_handler()
+runtime.quiet_library_logs()
+runtime.quiet_library_logs()  # Twice: still one filter.
+import orbax.checkpoint._src.logging.standard_logger as lib
+# Compiled under an Orbax file name, the calls carry its path as Orbax's own do.
+exec(compile("logging.info('library info'); logging.warning('library warning')",
+             lib.__file__, "exec"), {"logging": logging})
+logging.info("our info")
+"""
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                       text=True, check=True, env=dict(os.environ, TRANSFORMER_DEFAULT_MALLOC="1"))
+  assert "library info" not in out.stderr
+  assert out.stderr.count("library warning") == 1 and "our info" in out.stderr
