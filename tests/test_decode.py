@@ -178,6 +178,30 @@ def test_beam_batch_items_independent_and_jit():
   assert np.all(np.diff(np.asarray(scores_BxK), axis=1) <= 0)
 
 
+def test_beam_finished_item_stays_finished_while_others_run():
+  """Item 0 may stop early; item 1 cannot emit EOS, so the loop runs to max_len.
+  A stopped item must stay stopped (its stopping test depends on t): its result
+  equals decoding it alone, and it never writes tokens after a PAD gap."""
+  K = 3
+  for seed in range(10):
+    logits_fn, _ = make_toy(20 + seed)
+
+    def no_eos_for_item_1(ids_Nx1, cache, step, logits_fn=logits_fn):
+      logits_NxV, cache = logits_fn(ids_Nx1, cache, step)
+      item_1 = (jnp.arange(logits_NxV.shape[0]) >= K)[:, None]
+      return jnp.where(item_1 & (jnp.arange(V) == EOS)[None, :], -jnp.inf, logits_NxV), cache
+
+    kw = dict(beam_size=K, alpha=0.6, max_len=T_MAX, bos_id=BOS, eos_id=EOS)
+    ids_BxKxL, scores_BxK = decode.beam_search(no_eos_for_item_1, toy_cache(2, K),
+                                               batch_size=2, **kw)
+    alone, alone_scores = decode.beam_search(logits_fn, toy_cache(1, K), batch_size=1, **kw)
+    np.testing.assert_array_equal(ids_BxKxL[0], alone[0])
+    np.testing.assert_allclose(scores_BxK[0], alone_scores[0], rtol=1e-6)
+    for k in range(K):
+      check_well_formed(ids_BxKxL[0, k])
+      assert EOS not in list(np.asarray(ids_BxKxL[1, k]))
+
+
 def test_beam_early_termination():
   """EOS is (almost) certain at step 1: the loop must stop long before max_len."""
   logits_fn, _ = make_toy(7, eos_rows=[1])

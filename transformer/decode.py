@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-PAD_ID = 0
+PAD_ID = 0  # Fills returned ids after EOS (the tokenizer's PAD).
 NEG_INF = -jnp.inf
 
 Array = jax.Array
@@ -163,7 +163,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   B, K = batch_size, beam_size
   max_len_B, L = _row_limits(max_len, B, out_len)
 
-  def done_fn(s):
+  def stop_fn(s):
     fin_worst_B = jnp.min(jnp.where(s['fin_ok'], s['fin_score'], NEG_INF), axis=1)
     live_best_B = s['live_logp'][:, 0]
     # Future finished lengths lie in [t+1, max_len]; lp is monotone, so the
@@ -178,12 +178,18 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF) | beaten_now_B
             | (fin_worst_B > live_best_B / lp_best_B))
 
+  def done_fn(s):
+    # Sticky: the tests above depend on t, and a stopped item's state is frozen,
+    # so they could turn false again later; a stopped item never restarts.
+    return s['done'] | stop_fn(s)
+
   def cond_fn(s):
     return (s['t'] < L) & ~jnp.all(done_fn(s))
 
   def body_fn(s):
     t = s['t']
-    active_B = ~done_fn(s)
+    done_B = done_fn(s)
+    active_B = ~done_B
     logits_NxV, cache = logits_fn(s['last'].reshape(B * K, 1), s['cache'], t)
     V = logits_NxV.shape[-1]
     logp_BxKxV = (jax.nn.log_softmax(logits_NxV.astype(jnp.float32)).reshape(B, K, V)
@@ -221,6 +227,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     parent_BxK = keep(parent_BxK, jnp.broadcast_to(jnp.arange(K, dtype=parent_BxK.dtype), (B, K)))
     return dict(
         t=t + 1,
+        done=done_B,
         steps=s['steps'] + active_B.astype(jnp.int32),
         live_logp=keep(live_logp_BxK, s['live_logp']),
         live_seqs=keep(_take(cand_seqs_Bx2KxL, sel_BxK), s['live_seqs']),
@@ -235,6 +242,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   # Only beam 0 is alive at the start so the K beams do not duplicate.
   init = dict(
       t=jnp.int32(0),
+      done=jnp.zeros((B,), bool),
       steps=jnp.zeros((B,), jnp.int32),
       live_logp=jnp.broadcast_to(
           jnp.where(jnp.arange(K) == 0, 0.0, NEG_INF).astype(jnp.float32), (B, K)),
@@ -259,7 +267,6 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
 # ----------------------------------------------------------------------------
 # Glue to transformer.model.Transformer.
 
-EOS_ID = 3  # transformer.data.tokenizer.EOS_ID (not imported: that pulls the data stack).
 # Cache leaves under this name hold the encoder's keys/values: equal across the
 # beams of one item, so they live outside the search state and are never gathered.
 _STATIC_CACHE_NAME = 'cross_attention'
@@ -309,7 +316,7 @@ def make_logits_fn(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
 def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
                       beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
                       rng: Optional[Array] = None, temperature: float = 1.0,
-                      top_k: int = 0, eos_id: int = EOS_ID) -> Array:
+                      top_k: int = 0, eos_id: Optional[int] = None) -> Array:
   """Source ids (PAD = 0 on the right) -> output ids_BxL, L = min(S + max_extra_len,
   model max_len); best beam in 'beam' mode.
 
@@ -317,7 +324,8 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
   included), len_b = its non-PAD source tokens (sec. 6.1). The encoder runs
   once; beams share it by repetition. Jittable with model, mode, beam_size,
   max_extra_len, top_k (and temperature if 0) static; L, hence the compiled
-  program, depends on the source width S.
+  program, depends on the source width S. `eos_id` defaults to the model
+  config's.
   """
   if mode not in ('greedy', 'beam', 'sample'):
     raise ValueError(f"mode must be 'greedy', 'beam' or 'sample', got {mode!r}")
@@ -336,7 +344,7 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
       model, params, encoded_NxSxD, inputs_NxS,
       init_cache(model, params, encoded_NxSxD, inputs_NxS, L))
   kw = dict(batch_size=B, max_len=max_len_B.astype(jnp.int32), out_len=L,
-            bos_id=cfg.bos_id, eos_id=eos_id)
+            bos_id=cfg.bos_id, eos_id=cfg.eos_id if eos_id is None else eos_id)
   if mode == 'greedy':
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':
