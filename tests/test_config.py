@@ -46,6 +46,7 @@ def test_summary_table_rows_add_up():
     ("activation", "swish2", "config.model.activation='swish2'"),
     ("norm_position", "middle", "config.model.norm_position"),
     ("dtype", "float16", "config.model.dtype"),
+    ("eos_id", 0, "config.model.eos_id=0: must differ from pad_id"),
 ])
 def test_bad_model_values_name_the_field(field, value, message):
   config = base.get_config()

@@ -41,6 +41,7 @@ class ModelConfig:
   dtype: str = "float32"  # Compute dtype; parameters always stay float32.
   pad_id: int = 0
   bos_id: int = 2
+  eos_id: int = 3  # Ends a decoded sequence.
 
   def __post_init__(self):
     def check(ok, field, message):
@@ -67,6 +68,8 @@ class ModelConfig:
           "share_embeddings", "a shared embedding needs input_vocab_size == "
           f"output_vocab_size (got {self.input_vocab_size} and {self.output_vocab_size})")
     check(self.pad_id != self.bos_id, "bos_id", "must differ from pad_id")
+    check(self.eos_id not in (self.pad_id, self.bos_id), "eos_id",
+          "must differ from pad_id and bos_id")
 
   def replace(self, **changes) -> "ModelConfig":
     """A variant (e.g. for evaluation or decoding), checked like the original."""
