@@ -2,11 +2,10 @@
 
   python train.py --config configs/default.py [--workdir DIR] [--config.field=value ...]
 
-The workdir defaults to runs/<config file stem>. Rerunning the same command
-resumes from the latest checkpoint in the workdir.
+The workdir defaults to runs/<config file stem> (runs/multi30k_de-en for
+configs/multi30k.py:de-en). Rerunning the same command resumes from the latest
+checkpoint in the workdir.
 """
-
-import os
 
 from transformer import runtime
 
@@ -19,6 +18,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from transformer import training
+from transformer import workdir as workdir_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the vocabulary "
@@ -29,9 +29,7 @@ def main(argv):
   runtime.quiet_library_logs()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config_path = flags.FLAGS["config"].config_filename
-  stem = os.path.splitext(os.path.basename(config_path.split(":")[0]))[0]
-  workdir = _WORKDIR.value or os.path.join("runs", stem)
+  workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
   logging.info("Config:\n%s", _CONFIG.value)
   training.train_and_evaluate(_CONFIG.value, workdir)
 

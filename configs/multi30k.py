@@ -1,26 +1,34 @@
 """Multi30k EN->DE (29k training pairs) from local text files, sized for an hour on a CPU.
 
-  python train.py --config configs/multi30k.py --config.data.text_dir=../shared/data/multi30k
-  python -m transformer.evaluate --workdir runs/multi30k --split test_2016_flickr
-DE->EN: add --config.data.source_lang=de --config.data.target_lang=en.
+  python train.py --config configs/multi30k.py [--config.data.text_dir=DIR]
+  python -m transformer.evaluate --workdir runs/multi30k --split val --mode beam
+  python -m transformer.evaluate --workdir runs/multi30k --split test_2016_flickr --mode beam
+DE->EN, the same recipe the other way: --config configs/multi30k.py:de-en (runs/multi30k_de-en).
+Measured on a 2-core CPU: 56 min, test_2016_flickr sacreBLEU 37.6 (beam 4); see README.
 """
 
 from configs import base
 
 
-def get_config():
+def get_config(direction="en-de"):
+  """`direction` comes after the file name: `--config configs/multi30k.py:de-en`."""
+  source_lang, _, target_lang = direction.partition("-")
+  if {source_lang, target_lang} != {"en", "de"}:
+    raise ValueError(f"multi30k direction must be 'en-de' or 'de-en', got {direction!r}.")
   config = base.get_config()
-  config.model.num_layers = 3  # 3+3 layers of d_model 256: small data, small model.
+  # The Flax WMT example's design: 3+3 layers, d_model 256. (4+4 at d_model 128 runs
+  # 1.7x more tokens/s here but reached only 10 BLEU (greedy, val) in 1000 steps.)
+  config.model.num_layers = 3
   config.model.d_model = 256
   config.model.d_ff = 1024
   config.model.num_heads = 4  # d_k = 64 as in the paper.
-  config.model.dropout = 0.3  # 29k pairs overfit quickly: the big model's P_drop.
+  config.model.dropout = 0.2  # ~11 epochs of 29k pairs: more than base's 0.1.
   config.model.max_len = 128
 
   config.data.dataset = "parallel_text"  # {text_dir}/{split}.{lang}[.gz], one sentence a line.
   config.data.text_dir = "../shared/data/multi30k"  # Where the corpus is; override as needed.
-  config.data.source_lang = "en"
-  config.data.target_lang = "de"
+  config.data.source_lang = source_lang  # en | de (the direction argument).
+  config.data.target_lang = target_lang
   config.data.train_split = "train"
   config.data.eval_split = "val"  # Model selection on val only.
   config.data.test_split = "test_2016_flickr"  # Reported once at the end.
@@ -29,14 +37,16 @@ def get_config():
   config.data.max_length = 128
   config.data.batching = "pack"  # Little padding: packed rows with segment masks.
   config.data.pack_length = 128
-  config.data.tokens_per_batch = 8192  # Target tokens per update (packed rows).
+  config.data.tokens_per_batch = 4096  # Target tokens per update (32 packed rows).
 
-  config.optim.warmup_steps = 1000
-  config.optim.learning_rate_scale = 1.0
+  config.optim.warmup_steps = 500  # A short run: reach the peak by a third of it.
+  config.optim.learning_rate_scale = 0.7  # Peak lr = 0.7 * 256^-0.5 * 500^-0.5 = 2.0e-3.
 
-  config.train.num_steps = 6000
-  config.train.log_every = 100
-  config.train.eval_every = 1000
-  config.train.checkpoint_every = 500
-  config.train.keep_checkpoints = 5  # The last 5 for averaging (section 6.1).
+  config.train.num_steps = 1300  # ~58 min on the 2-core CPU, evaluations included; ~11 epochs.
+  config.train.log_every = 50
+  config.train.eval_every = 300
+  config.train.decode_every = 300  # Greedy BLEU on the whole val split: the BLEU curve.
+  config.train.decode_examples = 0
+  config.train.checkpoint_every = 100
+  config.train.keep_checkpoints = 5  # The last 5 (400 steps) for averaging (section 6.1).
   return config

@@ -30,3 +30,29 @@ def test_multi30k_config_trains_a_few_steps(tmp_path):
   assert os.path.getsize(tmp_path / "spm.model") > 0
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["data"]["dataset"] == "parallel_text"
+
+
+def test_direction_argument_flips_the_pair_and_rejects_others():
+  ende, deen = multi30k.get_config(), multi30k.get_config("de-en")
+  assert (ende.data.source_lang, ende.data.target_lang) == ("en", "de")
+  assert (deen.data.source_lang, deen.data.target_lang) == ("de", "en")
+  # Everything but the direction is the same recipe.
+  deen.data.source_lang, deen.data.target_lang = "en", "de"
+  assert deen.to_dict() == ende.to_dict()
+  with pytest.raises(ValueError, match="direction"):
+    multi30k.get_config("en-fr")
+
+
+def test_direction_argument_reaches_the_config_flag():
+  from absl import flags
+  from ml_collections import config_flags
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values)
+  flag_values(["prog", f"--config={ROOT}/configs/multi30k.py:de-en"])
+  assert flag_values.config.data.source_lang == "de"
+
+
+def test_each_direction_has_its_own_default_workdir():
+  from transformer.workdir import default_workdir
+  assert default_workdir("configs/multi30k.py") == os.path.join("runs", "multi30k")
+  assert default_workdir("configs/multi30k.py:de-en") == os.path.join("runs", "multi30k_de-en")

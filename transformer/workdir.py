@@ -20,6 +20,15 @@ CHECKPOINT_DIRS = {"latest": "checkpoints", "best": "checkpoints_best",
                    "averaged": "checkpoints_averaged"}
 
 
+def default_workdir(config_flag: str) -> str:
+  """train.py's workdir without --workdir: runs/<config file stem>, plus the config
+  argument if any (`configs/multi30k.py:de-en` -> runs/multi30k_de-en), so that
+  the two directions never resume each other's run."""
+  path, _, argument = config_flag.partition(":")
+  stem = os.path.splitext(os.path.basename(path))[0]
+  return os.path.join("runs", f"{stem}_{argument}" if argument else stem)
+
+
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
