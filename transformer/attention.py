@@ -69,13 +69,32 @@ def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask):
                                       scale=1.0 / math.sqrt(q_BxTxHxK.shape[-1]))
 
 
+def cached_attention(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask):
+  """reference_attention (no dropout) for keys/values stored heads-major, as the
+  decoding cache keeps them: the per-step dots then read the cache in place.
+  With the [B, S, H, K] layout, every step transposed (copied) the whole cache,
+  about half of a beam-search step on a CPU."""
+  scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
+  scores_BxHxTxS = jnp.einsum("bthk,bhsk->bhts", q_BxTxHxK, k_BxHxSxK,
+                              preferred_element_type=jnp.float32) * scale
+  if mask is not None:
+    scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
+  probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
+  return jnp.einsum("bhts,bhsk->bthk", probs_BxHxTxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
+
+
+def _heads_major(x_BxSxHxK):
+  return jnp.swapaxes(x_BxSxHxK, 1, 2)
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O (section 3.2.2).
 
   W_Q, W_K, W_V are each one D x (H*K) matrix viewed as H heads of size K.
   With `decode=True`, self-attention appends each step's key/value to a cache of
   the length it was created with; cross-attention computes the encoder's keys and
-  values when the cache is created and reuses them at every step.
+  values when the cache is created and reuses them at every step. Cached keys
+  and values are stored heads-major, [B, H, S, K].
   """
 
   config: ModelConfig
@@ -88,29 +107,35 @@ class MultiHeadAttention(nn.Module):
     dense = lambda name: nn.DenseGeneral(
         (cfg.num_heads, cfg.head_dim), dtype=cfg.compute_dtype,
         kernel_init=nn.initializers.xavier_uniform(), name=name)
+    merge_heads = lambda out_BxTxHxK: nn.DenseGeneral(  # Concat(head_1..head_h) W_O.
+        cfg.d_model, axis=(-2, -1), dtype=cfg.compute_dtype,
+        kernel_init=nn.initializers.xavier_uniform(), name="out")(out_BxTxHxK)
     q_BxTxHxK = dense("query")(x_BxTxD)
 
     if decode and not self.self_attention and self.has_variable("cache", "cached_key"):
       # Every step after the first: the encoder's keys and values never change.
-      k_BxSxHxK = self.get_variable("cache", "cached_key")
-      v_BxSxHxK = self.get_variable("cache", "cached_value")
-    else:
-      k_BxSxHxK = dense("key")(memory_BxSxD)
-      v_BxSxHxK = dense("value")(memory_BxSxD)
-      if decode and not self.self_attention:  # Creating the cache.
-        self.put_variable("cache", "cached_key", k_BxSxHxK)
-        self.put_variable("cache", "cached_value", v_BxSxHxK)
+      k_BxHxSxK = self.get_variable("cache", "cached_key")
+      v_BxHxSxK = self.get_variable("cache", "cached_value")
+      out_BxTxHxK = cached_attention(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask)
+      return merge_heads(out_BxTxHxK)
+    k_BxSxHxK = dense("key")(memory_BxSxD)
+    v_BxSxHxK = dense("value")(memory_BxSxD)
+    if decode and not self.self_attention:  # Creating the cache.
+      self.put_variable("cache", "cached_key", _heads_major(k_BxSxHxK))
+      self.put_variable("cache", "cached_value", _heads_major(v_BxSxHxK))
 
     if decode and self.self_attention:
       cached = self.has_variable("cache", "cached_key")
-      key = self.variable("cache", "cached_key", jnp.zeros, k_BxSxHxK.shape, k_BxSxHxK.dtype)
-      value = self.variable("cache", "cached_value", jnp.zeros, v_BxSxHxK.shape, v_BxSxHxK.dtype)
+      shape = _heads_major(k_BxSxHxK).shape
+      key = self.variable("cache", "cached_key", jnp.zeros, shape, k_BxSxHxK.dtype)
+      value = self.variable("cache", "cached_value", jnp.zeros, shape, v_BxSxHxK.dtype)
       if cached:  # One step: x is [B, 1, D]; write it at decode_step, attend to <= step.
-        start = (0, decode_step, 0, 0)
-        key.value = jax.lax.dynamic_update_slice(key.value, k_BxSxHxK, start)
-        value.value = jax.lax.dynamic_update_slice(value.value, v_BxSxHxK, start)
-        k_BxSxHxK, v_BxSxHxK = key.value, value.value
-        mask = (jnp.arange(k_BxSxHxK.shape[1]) <= decode_step)[None, None, None, :]
+        start = (0, 0, decode_step, 0)
+        key.value = jax.lax.dynamic_update_slice(key.value, _heads_major(k_BxSxHxK), start)
+        value.value = jax.lax.dynamic_update_slice(value.value, _heads_major(v_BxSxHxK), start)
+        mask = (jnp.arange(key.value.shape[2]) <= decode_step)[None, None, None, :]
+        out_BxTxHxK = cached_attention(q_BxTxHxK, key.value, value.value, mask)
+        return merge_heads(out_BxTxHxK)
 
     use_reference = (cfg.attention_impl == "reference"
                      or (cfg.attention_dropout > 0.0 and not deterministic))
@@ -121,6 +146,4 @@ class MultiHeadAttention(nn.Module):
                                         dropout_rng=rng)
     else:
       out_BxTxHxK = fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask)
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.compute_dtype,
-                           kernel_init=nn.initializers.xavier_uniform(),
-                           name="out")(out_BxTxHxK)
+    return merge_heads(out_BxTxHxK)
