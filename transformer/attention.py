@@ -43,14 +43,19 @@ def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
 
 
 def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, dropout_rate=0.0,
-                        dropout_rng=None):
+                        dropout_rng=None, heads_major=False):
   """softmax(Q K^T / sqrt(d_k)) V, written out: the definition the fused path must match.
 
   The scale is 1/sqrt(d_k) of ONE head (section 3.2.1). Scores and softmax are in
   float32 whatever the compute dtype: bf16 exponentials lose too much precision.
+  With heads_major, keys and values are [B, H, S, K], as the decoding cache keeps
+  them: the dots then read the cache in place, where the [B, S, H, K] layout made
+  XLA transpose (copy) the whole cache at every step, about half of a beam-search
+  step on a CPU.
   """
+  kv = "bhsk" if heads_major else "bshk"
   scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-  scores_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+  scores_BxHxTxS = jnp.einsum(f"bthk,{kv}->bhts", q_BxTxHxK, k_BxSxHxK,
                               preferred_element_type=jnp.float32) * scale
   if mask is not None:
     # A large finite negative rather than -inf: a fully masked row (a padding
@@ -60,27 +65,13 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, dropout_rate=0
   if dropout_rate > 0.0 and dropout_rng is not None:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BxHxTxS.shape)
     probs_BxHxTxS = jnp.where(keep, probs_BxHxTxS / (1.0 - dropout_rate), 0.0)
-  return jnp.einsum("bhts,bshk->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+  return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
 def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask):
   """The same function through jax.nn.dot_product_attention (cuDNN on a GPU)."""
   return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask,
                                       scale=1.0 / math.sqrt(q_BxTxHxK.shape[-1]))
-
-
-def cached_attention(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask):
-  """reference_attention (no dropout) for keys/values stored heads-major, as the
-  decoding cache keeps them: the per-step dots then read the cache in place.
-  With the [B, S, H, K] layout, every step transposed (copied) the whole cache,
-  about half of a beam-search step on a CPU."""
-  scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-  scores_BxHxTxS = jnp.einsum("bthk,bhsk->bhts", q_BxTxHxK, k_BxHxSxK,
-                              preferred_element_type=jnp.float32) * scale
-  if mask is not None:
-    scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
-  probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
-  return jnp.einsum("bhts,bhsk->bthk", probs_BxHxTxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
 
 
 def _heads_major(x_BxSxHxK):
@@ -116,7 +107,8 @@ class MultiHeadAttention(nn.Module):
       # Every step after the first: the encoder's keys and values never change.
       k_BxHxSxK = self.get_variable("cache", "cached_key")
       v_BxHxSxK = self.get_variable("cache", "cached_value")
-      out_BxTxHxK = cached_attention(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask)
+      out_BxTxHxK = reference_attention(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask,
+                                        heads_major=True)
       return merge_heads(out_BxTxHxK)
     k_BxSxHxK = dense("key")(memory_BxSxD)
     v_BxSxHxK = dense("value")(memory_BxSxD)
@@ -126,7 +118,8 @@ class MultiHeadAttention(nn.Module):
 
     if decode and self.self_attention:
       cached = self.has_variable("cache", "cached_key")
-      shape = _heads_major(k_BxSxHxK).shape
+      batch, length, heads, head_dim = k_BxSxHxK.shape
+      shape = (batch, heads, length, head_dim)
       key = self.variable("cache", "cached_key", jnp.zeros, shape, k_BxSxHxK.dtype)
       value = self.variable("cache", "cached_value", jnp.zeros, shape, v_BxSxHxK.dtype)
       if cached:  # One step: x is [B, 1, D]; write it at decode_step, attend to <= step.
@@ -134,7 +127,8 @@ class MultiHeadAttention(nn.Module):
         key.value = jax.lax.dynamic_update_slice(key.value, _heads_major(k_BxSxHxK), start)
         value.value = jax.lax.dynamic_update_slice(value.value, _heads_major(v_BxSxHxK), start)
         mask = (jnp.arange(key.value.shape[2]) <= decode_step)[None, None, None, :]
-        out_BxTxHxK = cached_attention(q_BxTxHxK, key.value, value.value, mask)
+        out_BxTxHxK = reference_attention(q_BxTxHxK, key.value, value.value, mask,
+                                          heads_major=True)
         return merge_heads(out_BxTxHxK)
 
     use_reference = (cfg.attention_impl == "reference"
