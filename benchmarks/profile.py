@@ -210,33 +210,30 @@ def main(argv=None):
             f"x{r['step'] / out['baseline']['step']:.3f} wall  "
             f"x{r['cpu'] / out['baseline']['cpu']:.3f} CPU of baseline  "
             f"{r['target_tokens_per_s']:,.0f} target tokens/s", flush=True)
-    if args.json:
-      with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
-    return results
-  base, (step, holder) = time_variant(size, batch, "baseline", args.steps, parts=True)
-  for part, seconds in base.items():
-    print(f"  {part:<18} {seconds:8.3f} s  {seconds / base['step']:6.1%} of the step",
-          flush=True)
-  base["target_tokens_per_s"] = common.token_counts(batch)[0] / base["step"]
-  results["baseline"] = base
-  if args.trace:
-    ops, kinds, whole = top_ops(step, holder,
-                                sharding.place_batch(batch, sharding.make_mesh()))
-    results["top_ops"], results["top_kinds"] = ops, kinds
-    print(f"XLA thunks by kind, then the top ones ({whole:.0f} ms a step in all):")
-    for name, ms, share in kinds + [("", 0, 0)] + ops:
-      print(f"  {name[:60]:<60} {ms:9.1f} ms {share:6.1%}" if name else "")
-  del step, holder
-  print(f"  baseline: {base['target_tokens_per_s']:,.0f} target tokens/s")
-  for name in names:
-    b = packed if name == "pack" else batch
-    out, _ = time_variant(size, b, name, args.steps)
-    out["target_tokens_per_s"] = common.token_counts(b)[0] / out["step"]
-    results[name] = out
-    print(f"  {name:<18} {out['step']:8.3f} s  x{out['step'] / base['step']:.3f} of baseline, "
-          f"{out['target_tokens_per_s']:,.0f} target tokens/s "
-          f"(x{out['target_tokens_per_s'] / base['target_tokens_per_s']:.3f})", flush=True)
+  else:
+    base, (step, holder) = time_variant(size, batch, "baseline", args.steps, parts=True)
+    for part, seconds in base.items():
+      print(f"  {part:<18} {seconds:8.3f} s  {seconds / base['step']:6.1%} of the step",
+            flush=True)
+    base["target_tokens_per_s"] = common.token_counts(batch)[0] / base["step"]
+    results["baseline"] = base
+    if args.trace:
+      ops, kinds, whole = top_ops(step, holder,
+                                  sharding.place_batch(batch, sharding.make_mesh()))
+      results["top_ops"], results["top_kinds"] = ops, kinds
+      print(f"XLA thunks by kind, then the top ones ({whole:.0f} ms a step in all):")
+      for name, ms, share in kinds + [("", 0, 0)] + ops:
+        print(f"  {name[:60]:<60} {ms:9.1f} ms {share:6.1%}" if name else "")
+    del step, holder
+    print(f"  baseline: {base['target_tokens_per_s']:,.0f} target tokens/s")
+    for name in names:
+      b = packed if name == "pack" else batch
+      out, _ = time_variant(size, b, name, args.steps)
+      out["target_tokens_per_s"] = common.token_counts(b)[0] / out["step"]
+      results[name] = out
+      print(f"  {name:<18} {out['step']:8.3f} s  x{out['step'] / base['step']:.3f} of baseline, "
+            f"{out['target_tokens_per_s']:,.0f} target tokens/s "
+            f"(x{out['target_tokens_per_s'] / base['target_tokens_per_s']:.3f})", flush=True)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=2)
