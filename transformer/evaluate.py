@@ -109,11 +109,15 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   batches = 0
   hosts, host = jax.process_count(), jax.process_index()
   # Bucketed by source length alone (a one-token dummy target): targets do not
-  # enter decoding, and longer widths would cost time and compilations.
-  sources = [(src, src[-1:]) for src, _ in examples]
-  for indices, batch in data_lib.eval_batches(sources, tokens_per_batch,
-                                              batch_multiple=mesh.size,
-                                              max_length=config.data.max_length):
+  # enter decoding, and longer widths would cost time and compilations. Sorted
+  # by length first, so a batch holds sentences of about the same length: it
+  # runs until its longest output is done.
+  order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+  sources = [(examples[i][0], examples[i][0][-1:]) for i in order]
+  for positions, batch in data_lib.eval_batches(sources, tokens_per_batch,
+                                                batch_multiple=mesh.size,
+                                                max_length=config.data.max_length):
+    indices = [order[p] for p in positions.tolist()]
     inputs = batch["inputs"]
     rows, width = inputs.shape
     rows = _row_count(rows, (tokens_per_batch // width) // mesh.size * mesh.size, mesh.size)
@@ -129,7 +133,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
     compile_s += compiled - start
     decode_s += time.perf_counter() - compiled
     batches += 1
-    for row, index in enumerate(indices.tolist()):
+    for row, index in enumerate(indices):
       out[index] = _cut(ids[row])
   if timings is not None:
     timings.update(compile_seconds=compile_s, decode_seconds=decode_s, batches=batches)
