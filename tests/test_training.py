@@ -2,7 +2,9 @@
 gradient accumulation equals one big batch, sharded equals single-device."""
 
 import glob
+import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -61,10 +63,13 @@ def restore_params(workdir, config, step=None):
   return state, data_state, restored_step
 
 
-def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir):
+def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplog):
   config = tiny_config(data_dir, decode_every=30, decode_examples=50)
   workdir = str(tmp_path / "run")
-  first = training.train_and_evaluate(config, workdir)
+  with caplog.at_level(logging.INFO):
+    first = training.train_and_evaluate(config, workdir)
+  waits = [float(w) for w in re.findall(r"input wait ([0-9.]+)%", caplog.text)]
+  assert len(waits) == 30 // 5 and all(0 <= w <= 100 for w in waits)
   assert 0.0 <= first["exact_match"] <= 1.0
   assert os.listdir(os.path.join(workdir, "checkpoints_best")) == ["30"]
   # A uniform prediction (where training starts) costs log(vocabulary size).
@@ -153,3 +158,27 @@ def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp
   training.train_and_evaluate(config, workdir)  # Resumes from 10, not from scratch.
   assert restore_params(workdir, config)[2] == 12
   assert os.path.isdir(os.path.join(ckpt, "20.unreadable"))  # Set aside, not deleted.
+
+
+def test_train_step_makes_no_host_transfers(data_dir):
+  """The compiled step reads only arrays already on the devices and returns device
+  arrays: under jax.transfer_guard('disallow') any implicit host<->device copy (a
+  numpy batch, a Python value pulled out of a traced array) raises. The control: the
+  same step fed an unplaced numpy batch does raise."""
+  config = tiny_config(data_dir)
+  mesh = sharding.make_mesh()
+  model, tx, _, shardings = training.build(config, 23, mesh)
+  state = training.init_state(model, tx, config, shardings)
+  train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
+  rng = np.random.default_rng(0)
+  batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32),
+           "targets": rng.integers(4, 23, size=(8, 12)).astype(np.int32)}
+  placed = sharding.place_batch(batch, mesh)  # The loop's one explicit transfer.
+  state, _ = train_fn(state, placed)  # Compiled outside the guard.
+  with jax.transfer_guard("disallow"):
+    for _ in range(2):
+      state, metrics = train_fn(state, placed)
+    jax.block_until_ready((state, metrics))
+    with pytest.raises(Exception, match="[Dd]isallowed"):
+      train_fn(state, batch)
+  assert int(jax.device_get(state.step)) == 3

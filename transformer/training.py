@@ -168,20 +168,26 @@ class _Progress:
     self.t0 = self.last_time = time.time()
     self.last_step = start_step
     self.tokens = 0.0
+    self.input_wait = 0.0  # Seconds the loop spent getting batches since the last log.
 
   def log_train(self, step, metrics_list, learning_rate):
     now = time.time()
     merged = {k: float(np.mean([m[k] for m in metrics_list])) for k in metrics_list[0]}
     tokens = float(np.sum([m["tokens"] for m in metrics_list]))
     steps_per_s = (step - self.last_step) / max(now - self.last_time, 1e-9)
+    # The share of wall time the loop waited for the next batch (prefetched in a
+    # thread, then placed on the devices): an upper bound on the devices' idle
+    # time for want of data, since the dispatched steps run meanwhile.
     merged.update(learning_rate=learning_rate, steps_per_sec=steps_per_s,
-                  tokens_per_sec=tokens / max(now - self.last_time, 1e-9))
+                  tokens_per_sec=tokens / max(now - self.last_time, 1e-9),
+                  input_wait_fraction=self.input_wait / max(now - self.last_time, 1e-9))
     eta = (self.total - step) / max(steps_per_s, 1e-9)
     logging.info("step %d/%d  loss %.4f  acc %.4f  lr %.2e  %.0f tok/s  %.2f step/s  "
-                 "ETA %dm%02ds", step, self.total, merged["loss"], merged["accuracy"],
-                 learning_rate, merged["tokens_per_sec"], steps_per_s, eta // 60, eta % 60)
+                 "input wait %.1f%%  ETA %dm%02ds", step, self.total, merged["loss"],
+                 merged["accuracy"], learning_rate, merged["tokens_per_sec"], steps_per_s,
+                 100 * merged["input_wait_fraction"], eta // 60, eta % 60)
     self._write("train", step, merged)
-    self.last_time, self.last_step = now, step
+    self.last_time, self.last_step, self.input_wait = now, step, 0.0
 
   def log_eval(self, step, metrics):
     logging.info("eval at step %d: %s", step,
@@ -259,7 +265,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   progress = _Progress(workdir, config.train.num_steps, start)
   pending, eval_metrics = [], {}
   for step in range(start + 1, config.train.num_steps + 1):
+    waited = time.perf_counter()
     batch = sharding.place_batch(next(data.train_batches), mesh)
+    progress.input_wait += time.perf_counter() - waited
     state, metrics = train_fn(state, batch)
     pending.append(metrics)
     last = step == config.train.num_steps
