@@ -77,11 +77,4 @@ def get_config():
   decode.beam_size = 4  # Beam width (6.1).
   decode.alpha = 0.6  # GNMT length penalty exponent (6.1).
   decode.max_extra_len = 50  # Output length limit = input length + 50 (6.1).
-  # Source tokens per decoding batch; 0 = data.tokens_per_batch. Beams multiply the
-  # rows by beam_size, and a batch runs until its slowest sentence is done.
-  decode.tokens_per_batch = 0
-  # The self-attention cache starts this long and doubles as decoding needs it:
-  # short outputs then never touch (or, in beam search, reorder) a cache of the
-  # full input length + 50. 0 = full length from the start. Outputs are the same.
-  decode.min_cache_len = 16
   return config

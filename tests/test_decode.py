@@ -5,7 +5,6 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from transformer import decode
 from transformer.config import ModelConfig
@@ -241,8 +240,7 @@ M_EOS, M_V = 3, 11
 FAST = dict(compiler_options={'xla_backend_optimization_level': 0})
 # eos_id is traced: pass it always (an omitted default would be another compilation).
 decode_jit = jax.jit(decode.encode_and_decode, **FAST,
-                     static_argnames=('model', 'mode', 'beam_size', 'max_extra_len', 'top_k',
-                                      'min_cache_len'))
+                     static_argnames=('model', 'mode', 'beam_size', 'max_extra_len', 'top_k'))
 
 
 @functools.lru_cache(maxsize=None)
@@ -361,43 +359,3 @@ def test_model_sampling_top1_is_greedy():
   np.testing.assert_array_equal(
       decode_jit(mode='sample', rng=jax.random.key(3), top_k=1, **kw),
       decode_jit(mode='greedy', **kw))
-
-
-def test_growing_cache_gives_the_same_outputs():
-  """Caches of 4, then 8, then 16 positions (grown between stages) decode exactly
-  as one 16-position cache: greedy, beam and sampling, run to the row limits (an
-  EOS the model cannot emit) through every stage, and with the real EOS. A stage
-  that wrote past its cache (dynamic_update_slice clamps) or a grow that lost
-  the keys so far would change the outputs."""
-  model, params = tiny_model()
-  assert decode.cache_stages(16, 4) == (4, 8, 16)
-  kw = dict(model=model, params=params, inputs_BxS=jnp.asarray(sources(SRC_LENGTHS, 6)),
-            max_extra_len=EXTRA)
-  for eos_id in (M_V, M_EOS):
-    for mode_kw in (dict(mode='greedy'), dict(mode='beam', beam_size=3),
-                    dict(mode='sample', rng=jax.random.key(5))):
-      whole = np.asarray(decode_jit(eos_id=eos_id, min_cache_len=0, **mode_kw, **kw))
-      grown = np.asarray(decode_jit(eos_id=eos_id, min_cache_len=4, **mode_kw, **kw))
-      np.testing.assert_array_equal(grown, whole)
-      if eos_id == M_V and mode_kw['mode'] == 'greedy':  # Past every stage.
-        assert [int(np.sum(r != 0)) for r in whole] == [16, 15]
-
-
-def test_cache_stages_and_their_checks():
-  assert decode.cache_stages(66, 16) == (16, 32, 66)     # a Multi30k batch of width 16
-  assert decode.cache_stages(128, 16) == (16, 32, 64, 128)
-  assert decode.cache_stages(20, 16) is None             # too close to L: one stage
-  assert decode.cache_stages(66, 0) is None
-  with pytest.raises(ValueError, match='>= 0'):
-    decode.cache_stages(66, -1)
-  logits_fn, _ = make_toy(0)
-  kw = dict(batch_size=1, max_len=4, bos_id=BOS, eos_id=EOS)
-  for lengths in ((2, 3), (3, 2, 4), (0, 4), ()):
-    with pytest.raises(ValueError, match='cache_lengths'):
-      decode.greedy_search(logits_fn, toy_cache(1), cache_lengths=lengths,
-                           grow_cache=lambda c, n: c, **kw)
-  with pytest.raises(ValueError, match='grow_cache'):
-    decode.beam_search(logits_fn, toy_cache(1, 2), beam_size=2, alpha=0.6,
-                       cache_lengths=(2, 4), **kw)
-  with pytest.raises(ValueError, match='cannot grow'):
-    decode.grow_cache({'k': jnp.zeros((2, 1, 8, 4))}, 4)

@@ -127,9 +127,6 @@ def check_config(config) -> None:
         "must be >= 0 (0 = pack_length)")
   check(config.data.max_length <= config.model.max_len, "data.max_length",
         f"must be <= model.max_len={config.model.max_len}")
-  for field in ("decode.tokens_per_batch", "decode.min_cache_len"):
-    section, name = field.split(".")
-    check(config[section].get(name, 0) >= 0, field, "must be >= 0 (0 = the default)")
   check(config.train.decode_every >= 0, "train.decode_every", "must be >= 0 (0 = off)")
   check(config.train.decode_examples >= 0, "train.decode_examples", "must be >= 0 (0 = all)")
   check(config.train.decode_mode in ("greedy", "beam"), "train.decode_mode",

@@ -11,18 +11,10 @@ BOS; after EOS a row holds PAD (= 0) only.
 limits a static `out_len` (the buffer length L) must be given (it is inferred
 for a concrete numpy array). Row b then emits at most min(max_len[b], L) tokens.
 
-Growing caches: a self-attention cache of length L is read (attention) and, in
-beam search, copied (beam reordering) at every step, while only its first t
-positions are in use. The searches can therefore run in stages: given
-`cache_lengths` n_0 < n_1 < ... < n_last = L, the cache starts with n_0 positions,
-steps t < n_0 run on it, then `grow_cache(cache, n_1)` extends it, and so on. On a
-CPU this is most of the cost of a beam step: Multi30k sentences end long before
-L = source length + 50.
-
 Beam scores use the GNMT length penalty with |Y| = generated tokens including
 EOS. `encode_and_decode` wires the searches to transformer.model.Transformer.
 """
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +26,6 @@ NEG_INF = -jnp.inf
 
 Array = jax.Array
 LogitsFn = Callable[[Array, Any, Array], Tuple[Array, Any]]
-GrowFn = Callable[[Any, int], Any]  # (cache, new length) -> the cache extended to it.
 MaxLen = Union[int, np.ndarray, Array]
 
 
@@ -52,105 +43,61 @@ def _row_limits(max_len: MaxLen, batch_size: int,
   return jnp.minimum(max_len_B, out_len), out_len
 
 
-def _check_stages(cache_lengths: Optional[Sequence[int]], grow_cache, L: int) -> Tuple[int, ...]:
-  """The cache lengths of the stages, checked: increasing, ending at L."""
-  if cache_lengths is None:
-    return (L,)
-  lengths = tuple(int(n) for n in cache_lengths)
-  if (not lengths or lengths[-1] != L or lengths[0] < 1
-      or any(a >= b for a, b in zip(lengths, lengths[1:]))):
-    raise ValueError(f'cache_lengths must increase from >= 1 to the output length {L}, '
-                     f'got {cache_lengths}')
-  if len(lengths) > 1 and grow_cache is None:
-    raise ValueError('more than one cache length needs grow_cache')
-  return lengths
-
-
-def _staged_while_loop(cond_fn, body_fn, state: dict, lengths: Tuple[int, ...],
-                       grow_cache) -> dict:
-  """while_loop over the stages: stage i runs steps t < lengths[i] on a cache of
-  lengths[i] positions (state['cache'] grown between stages). A stage whose
-  loop has nothing left to do costs one grow (a copy) and no step."""
-  for i, length in enumerate(lengths):
-    if i:
-      state = {**state, 'cache': grow_cache(state['cache'], length)}
-    state = jax.lax.while_loop(lambda s, n=length: (s['t'] < n) & cond_fn(s), body_fn, state)
-  return state
-
-
-def cache_stages(out_len: int, first: int) -> Optional[Tuple[int, ...]]:
-  """Cache lengths first, 2*first, 4*first, ... then out_len, the last stage at
-  least 1.5 times the one before (each stage is compiled code); None (one stage)
-  if first is 0 or too close to out_len."""
-  if first < 0:
-    raise ValueError(f'first cache length must be >= 0, got {first}')
-  if not first or 3 * first > 2 * out_len:
-    return None
-  lengths = [first]
-  while 3 * lengths[-1] < out_len:
-    lengths.append(2 * lengths[-1])
-  return tuple(lengths) + (out_len,)
-
-
 def _choose_greedy(logits_NxV: Array, step: Array) -> Array:
   del step
   return jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
 
 
 def _decode_loop(logits_fn: LogitsFn, cache: Any, choose_fn, *, batch_size: int,
-                 max_len: MaxLen, bos_id: int, eos_id: int, out_len: Optional[int],
-                 cache_lengths: Optional[Sequence[int]] = None,
-                 grow_cache: Optional[GrowFn] = None) -> Array:
+                 max_len: MaxLen, bos_id: int, eos_id: int,
+                 out_len: Optional[int]) -> Array:
   """One-token-per-step decoding loop shared by greedy and sampling -> ids_BxL."""
   max_len_B, L = _row_limits(max_len, batch_size, out_len)
-  lengths = _check_stages(cache_lengths, grow_cache, L)
 
-  def done_fn(s):
-    return s['finished'] | (s['t'] >= max_len_B)
+  def done_fn(t, finished_B):
+    return finished_B | (t >= max_len_B)
 
-  def cond_fn(s):
-    return ~jnp.all(done_fn(s))
+  def cond_fn(state):
+    t, _, _, finished_B, _ = state
+    return (t < L) & ~jnp.all(done_fn(t, finished_B))
 
-  def body_fn(s):
-    t = s['t']
-    logits_BxV, cache = logits_fn(s['last'][:, None], s['cache'], t)
-    done_B = done_fn(s)
+  def body_fn(state):
+    t, last_B, ids_BxL, finished_B, cache = state
+    logits_BxV, cache = logits_fn(last_B[:, None], cache, t)
+    done_B = done_fn(t, finished_B)
     # Done rows still flow through logits_fn (fixed shapes) but emit PAD.
     tok_B = jnp.where(done_B, PAD_ID, choose_fn(logits_BxV, t))
-    return dict(t=t + 1, last=tok_B, ids=s['ids'].at[:, t].set(tok_B),
-                finished=s['finished'] | (~done_B & (tok_B == eos_id)), cache=cache)
+    ids_BxL = ids_BxL.at[:, t].set(tok_B)
+    finished_B = finished_B | (~done_B & (tok_B == eos_id))
+    return t + 1, tok_B, ids_BxL, finished_B, cache
 
-  init = dict(t=jnp.int32(0), last=jnp.full((batch_size,), bos_id, jnp.int32),
-              ids=jnp.full((batch_size, L), PAD_ID, jnp.int32),
-              finished=jnp.zeros((batch_size,), bool), cache=cache)
-  return _staged_while_loop(cond_fn, body_fn, init, lengths, grow_cache)['ids']
+  init = (jnp.int32(0), jnp.full((batch_size,), bos_id, jnp.int32),
+          jnp.full((batch_size, L), PAD_ID, jnp.int32),
+          jnp.zeros((batch_size,), bool), cache)
+  return jax.lax.while_loop(cond_fn, body_fn, init)[2]
 
 
 def greedy_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                   max_len: MaxLen, bos_id: int, eos_id: int,
-                  out_len: Optional[int] = None,
-                  cache_lengths: Optional[Sequence[int]] = None,
-                  grow_cache: Optional[GrowFn] = None) -> Array:
+                  out_len: Optional[int] = None) -> Array:
   """Argmax decoding -> ids_BxL (no BOS; PAD after EOS and past each row's max_len)."""
   return _decode_loop(logits_fn, cache, _choose_greedy, batch_size=batch_size,
-                      max_len=max_len, bos_id=bos_id, eos_id=eos_id, out_len=out_len,
-                      cache_lengths=cache_lengths, grow_cache=grow_cache)
+                      max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                      out_len=out_len)
 
 
 def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
            max_len: MaxLen, bos_id: int, eos_id: int, temperature: float = 1.0,
-           top_k: int = 0, out_len: Optional[int] = None,
-           cache_lengths: Optional[Sequence[int]] = None,
-           grow_cache: Optional[GrowFn] = None) -> Array:
+           top_k: int = 0, out_len: Optional[int] = None) -> Array:
   """Temperature / top-k sampling -> ids_BxL.
 
   temperature == 0 (a Python number) is argmax; top_k (static) = 0 keeps the
   full vocabulary. The key of step t is fold_in(rng, t).
   """
-  kw = dict(batch_size=batch_size, max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-            out_len=out_len, cache_lengths=cache_lengths, grow_cache=grow_cache)
   if isinstance(temperature, (int, float)) and temperature == 0:
-    return greedy_search(logits_fn, cache, **kw)
+    return greedy_search(logits_fn, cache, batch_size=batch_size,
+                         max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                         out_len=out_len)
 
   def choose_fn(logits_NxV, t):
     logits_NxV = logits_NxV.astype(jnp.float32)
@@ -160,7 +107,9 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
     return jax.random.categorical(jax.random.fold_in(rng, t),
                                   logits_NxV / temperature).astype(jnp.int32)
 
-  return _decode_loop(logits_fn, cache, choose_fn, **kw)
+  return _decode_loop(logits_fn, cache, choose_fn, batch_size=batch_size,
+                      max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                      out_len=out_len)
 
 
 def length_penalty(length, alpha) -> Array:
@@ -192,9 +141,7 @@ def gather_beams(tree: Any, parent_BxK: Array) -> Any:
 
 def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 beam_size: int, alpha: float, max_len: MaxLen, bos_id: int,
-                eos_id: int, out_len: Optional[int] = None,
-                cache_lengths: Optional[Sequence[int]] = None,
-                grow_cache: Optional[GrowFn] = None) -> Tuple[Array, Array]:
+                eos_id: int, out_len: Optional[int] = None) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -215,7 +162,6 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   """
   B, K = batch_size, beam_size
   max_len_B, L = _row_limits(max_len, B, out_len)
-  lengths = _check_stages(cache_lengths, grow_cache, L)
 
   def stop_fn(s):
     fin_worst_B = jnp.min(jnp.where(s['fin_ok'], s['fin_score'], NEG_INF), axis=1)
@@ -238,7 +184,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     return s['done'] | stop_fn(s)
 
   def cond_fn(s):
-    return ~jnp.all(done_fn(s))
+    return (s['t'] < L) & ~jnp.all(done_fn(s))
 
   def body_fn(s):
     t = s['t']
@@ -307,7 +253,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
       fin_seqs=jnp.full((B, K, L), PAD_ID, jnp.int32),
       cache=cache,
   )
-  s = _staged_while_loop(cond_fn, body_fn, init, lengths, grow_cache)
+  s = jax.lax.while_loop(cond_fn, body_fn, init)
 
   live_score_BxK = s['live_logp'] / length_penalty(s['steps'], alpha)[:, None]
   score_Bx2K = jnp.concatenate([s['fin_score'], live_score_BxK], axis=1)
@@ -347,19 +293,6 @@ def _split_static(cache: Any) -> Tuple[Any, dict]:
   return traverse_util.unflatten_dict(moving), static
 
 
-def grow_cache(cache: Any, length: int) -> Any:
-  """The search's cache (from make_logits_fn) with its self-attention keys and
-  values, [N, H, S, K], zero-padded to `length` positions; the step counter kept."""
-  def grow(x):
-    if x.ndim == 0:
-      return x
-    if x.ndim != 4 or x.shape[2] > length:
-      raise ValueError(f'cannot grow a cache leaf of shape {x.shape} to length {length}')
-    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
-
-  return jax.tree.map(grow, cache)
-
-
 def make_logits_fn(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
                    cache: Any) -> Tuple[LogitsFn, Any]:
   """(search step of the model, the search's part of `cache`) for N rows.
@@ -383,8 +316,7 @@ def make_logits_fn(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
 def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
                       beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
                       rng: Optional[Array] = None, temperature: float = 1.0,
-                      top_k: int = 0, eos_id: Optional[int] = None,
-                      min_cache_len: int = 16) -> Array:
+                      top_k: int = 0, eos_id: Optional[int] = None) -> Array:
   """Source ids (PAD = 0 on the right) -> output ids_BxL, L = min(S + max_extra_len,
   model max_len); best beam in 'beam' mode.
 
@@ -393,9 +325,7 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
   once; beams share it by repetition. Jittable with model, mode, beam_size,
   max_extra_len, top_k (and temperature if 0) static; L, hence the compiled
   program, depends on the source width S. `eos_id` defaults to the model
-  config's. The self-attention cache starts with `min_cache_len` positions and
-  doubles when the search gets there (see "Growing caches" above; 0: L from the
-  start); the outputs do not depend on it.
+  config's.
   """
   if mode not in ('greedy', 'beam', 'sample'):
     raise ValueError(f"mode must be 'greedy', 'beam' or 'sample', got {mode!r}")
@@ -410,14 +340,11 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
   # Batch-major beams: row b*K + k.
   encoded_NxSxD = jnp.repeat(encoded_BxSxD, K, axis=0)
   inputs_NxS = jnp.repeat(inputs_BxS, K, axis=0)
-  cache_lengths = cache_stages(L, min_cache_len)
   logits_fn, cache = make_logits_fn(
       model, params, encoded_NxSxD, inputs_NxS,
-      init_cache(model, params, encoded_NxSxD, inputs_NxS,
-                 cache_lengths[0] if cache_lengths else L))
+      init_cache(model, params, encoded_NxSxD, inputs_NxS, L))
   kw = dict(batch_size=B, max_len=max_len_B.astype(jnp.int32), out_len=L,
-            bos_id=cfg.bos_id, eos_id=cfg.eos_id if eos_id is None else eos_id,
-            cache_lengths=cache_lengths, grow_cache=grow_cache)
+            bos_id=cfg.bos_id, eos_id=cfg.eos_id if eos_id is None else eos_id)
   if mode == 'greedy':
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':

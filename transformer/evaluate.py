@@ -60,13 +60,13 @@ def _compiled(model, params, inputs, rng, mesh, settings):
                   for x in jax.tree.leaves(params)))
   key = (model, mesh, settings, inputs.shape, inputs.sharding, layout)
   if key not in _COMPILED:
-    mode, beam_size, alpha, max_extra_len, temperature, top_k, min_cache_len = settings
+    mode, beam_size, alpha, max_extra_len, temperature, top_k = settings
 
     def run(params, inputs_BxS, rng):
       return decode.encode_and_decode(
           model, params, inputs_BxS, mode=mode, beam_size=beam_size, alpha=alpha,
           max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
-          temperature=temperature, top_k=top_k, min_cache_len=min_cache_len)
+          temperature=temperature, top_k=top_k)
 
     if len(_COMPILED) >= _MAX_COMPILED:
       _COMPILED.clear()
@@ -94,16 +94,12 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   the length limit. Batches are grouped by length (eval_batches), split over the
   mesh's data axis, and decoded by one compiled program per batch shape. If
   `timings` is a dict it receives compile_seconds, decode_seconds and batches.
-  Batch size (source tokens): `tokens_per_batch`, else config.decode's, else
-  config.data's; the cache's first length is config.decode.min_cache_len.
   """
   _check_settings(mode, beam_size, alpha, max_extra_len)
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
-  # .get: configs saved before these fields existed lack them.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
-              int(top_k), int(config.decode.get("min_cache_len", 16)))
-  tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
-                      or config.data.tokens_per_batch)
+              int(top_k))
+  tokens_per_batch = tokens_per_batch or config.data.tokens_per_batch
   out = [None] * len(examples)
   compile_s = decode_s = 0.0
   batches = 0
@@ -279,8 +275,7 @@ def define_decode_flags(modes, default_mode):
   flags.DEFINE_integer("max_extra_len", None, "Output limit = input length + this; "
                        "default config.decode.max_extra_len.", lower_bound=0)
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; "
-                       "default config.decode.tokens_per_batch (if 0, "
-                       "config.data.tokens_per_batch).", lower_bound=1)
+                       "default config.data.tokens_per_batch.", lower_bound=1)
 
 
 def main(argv):
