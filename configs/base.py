@@ -77,4 +77,8 @@ def get_config():
   decode.beam_size = 4  # Beam width (6.1).
   decode.alpha = 0.6  # GNMT length penalty exponent (6.1).
   decode.max_extra_len = 50  # Output length limit = input length + 50 (6.1).
+  # Source tokens per decoding batch; 0 = data.tokens_per_batch. A batch runs until
+  # its slowest sentence is done and beams multiply its rows, so on a CPU small
+  # batches are faster (Multi30k beam 4: 512 tokens 1.5x faster than 4096).
+  decode.tokens_per_batch = 0
   return config

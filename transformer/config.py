@@ -127,6 +127,8 @@ def check_config(config) -> None:
         "must be >= 0 (0 = pack_length)")
   check(config.data.max_length <= config.model.max_len, "data.max_length",
         f"must be <= model.max_len={config.model.max_len}")
+  check(config.decode.get("tokens_per_batch", 0) >= 0, "decode.tokens_per_batch",
+        "must be >= 0 (0 = data.tokens_per_batch)")
   check(config.train.decode_every >= 0, "train.decode_every", "must be >= 0 (0 = off)")
   check(config.train.decode_examples >= 0, "train.decode_examples", "must be >= 0 (0 = all)")
   check(config.train.decode_mode in ("greedy", "beam"), "train.decode_mode",

@@ -94,12 +94,16 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   the length limit. Batches are grouped by length (eval_batches), split over the
   mesh's data axis, and decoded by one compiled program per batch shape. If
   `timings` is a dict it receives compile_seconds, decode_seconds and batches.
+  Batch size (source tokens): `tokens_per_batch`, else config.decode's, else
+  config.data's.
   """
   _check_settings(mode, beam_size, alpha, max_extra_len)
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
               int(top_k))
-  tokens_per_batch = tokens_per_batch or config.data.tokens_per_batch
+  # .get: configs saved before the field existed lack it.
+  tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
+                      or config.data.tokens_per_batch)
   out = [None] * len(examples)
   compile_s = decode_s = 0.0
   batches = 0
@@ -275,7 +279,8 @@ def define_decode_flags(modes, default_mode):
   flags.DEFINE_integer("max_extra_len", None, "Output limit = input length + this; "
                        "default config.decode.max_extra_len.", lower_bound=0)
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; "
-                       "default config.data.tokens_per_batch.", lower_bound=1)
+                       "default config.decode.tokens_per_batch (if 0, "
+                       "config.data.tokens_per_batch).", lower_bound=1)
 
 
 def main(argv):
