@@ -85,9 +85,12 @@ def train_step(state, batch, *, model, tx, label_smoothing, grad_accum_steps=1):
 
   zeros = (jax.tree.map(jnp.zeros_like, state.params),
            {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "tokens")})
-  (grad_sums, sums), _ = jax.lax.scan(
-      accumulate, zeros,
-      (jnp.arange(grad_accum_steps), jax.tree.map(micro_batches, batch)))
+  if grad_accum_steps == 1:
+    (grad_sums, sums), _ = accumulate(zeros, (0, batch))
+  else:
+    (grad_sums, sums), _ = jax.lax.scan(
+        accumulate, zeros,
+        (jnp.arange(grad_accum_steps), jax.tree.map(micro_batches, batch)))
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grad_sums)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
