@@ -9,8 +9,6 @@ from here (no library file is edited):
   dropout=0          no dropout at all: an upper bound on what dropout costs
   rbg                jax_default_prng_impl=unsafe_rbg (XLA RngBitGenerator) for
                      the dropout masks instead of threefry
-  fused_loss         label-smoothed cross-entropy from one log_softmax, no
-                     [B, T, V] one-hot (losses.cross_entropy_sums replaced)
   reference_attn     attention_impl="reference" instead of jax.nn.dot_product_attention
   bfloat16           compute dtype bfloat16 (parameters stay float32)
   pack               a packed batch (data.batching="pack", pack_length = max_length)
@@ -31,7 +29,6 @@ import os
 import statistics
 import tempfile
 import time
-from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -39,23 +36,9 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
 from benchmarks import common
-from transformer import losses, sharding, training
+from transformer import sharding, training
 
-VARIANTS = ("dropout=0", "rbg", "fused_loss", "reference_attn", "bfloat16", "pack")
-
-
-def fused_cross_entropy_sums(logits_BxTxV, targets_BxT, weights_BxT, label_smoothing=0.1):
-  """losses.cross_entropy_sums from one log_softmax and a gather (same values).
-
-  With targets (1 - eps) one-hot + eps / V: loss = (1 - eps) nll - eps/V sum_v log p_v.
-  """
-  V = logits_BxTxV.shape[-1]
-  logp_BxTxV = jax.nn.log_softmax(logits_BxTxV)
-  nll_BxT = -jnp.take_along_axis(logp_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
-  loss_BxT = (1 - label_smoothing) * nll_BxT - label_smoothing / V * jnp.sum(logp_BxTxV, -1)
-  correct_BxT = (jnp.argmax(logits_BxTxV, axis=-1) == targets_BxT).astype(jnp.float32)
-  return {"loss": jnp.sum(loss_BxT * weights_BxT), "nll": jnp.sum(nll_BxT * weights_BxT),
-          "correct": jnp.sum(correct_BxT * weights_BxT), "tokens": jnp.sum(weights_BxT)}
+VARIANTS = ("dropout=0", "rbg", "reference_attn", "bfloat16", "pack")
 
 
 @contextlib.contextmanager
@@ -66,9 +49,6 @@ def variant(name):
       old = jax.config.jax_default_prng_impl
       jax.config.update("jax_default_prng_impl", "unsafe_rbg")
       stack.callback(jax.config.update, "jax_default_prng_impl", old)
-    if name == "fused_loss":
-      stack.enter_context(mock.patch.object(losses, "cross_entropy_sums",
-                                            fused_cross_entropy_sums))
     yield
 
 

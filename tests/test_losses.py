@@ -2,8 +2,10 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from transformer import losses
@@ -49,3 +51,22 @@ def test_no_smoothing_is_plain_nll():
   targets = jnp.asarray([[1, 2, 3]])
   sums = losses.cross_entropy_sums(logits, targets, losses.target_weights(targets), 0.0)
   assert float(sums["loss"]) == pytest.approx(float(sums["nll"]), rel=1e-6)
+
+
+def test_equals_optax_smoothed_labels_in_value_and_gradient():
+  """The one-log_softmax form against optax's smooth_labels + softmax_cross_entropy."""
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(3 * rng.normal(size=(3, 5, 11)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 11, size=(3, 5)))
+  weights = losses.target_weights(targets)
+
+  def ours(x):
+    return losses.cross_entropy_sums(x, targets, weights, 0.1)["loss"]
+
+  def reference(x):
+    q = optax.smooth_labels(jax.nn.one_hot(targets, 11), 0.1)
+    return jnp.sum(optax.softmax_cross_entropy(x, q) * weights)
+
+  np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits),
+                             atol=1e-6)
