@@ -18,25 +18,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
-SHAPES = {  # (name, m, k, n): [m, k] x [k, n].
-    "base": (
-        ("square 2048", 2048, 2048, 2048),
-        ("Q/K/V/O 4096x512x512", 4096, 512, 512),
-        ("FFN in 4096x512x2048", 4096, 512, 2048),
-        ("FFN out 4096x2048x512", 4096, 2048, 512),
-        ("logits 4096x512x37000", 4096, 512, 37000),
-        ("embedding grad 37000x4096x512", 37000, 4096, 512),
-    ),
-    "small": (  # 3+3 layers, d_model 256, d_ff 1024, 8k vocabulary (configs/multi30k.py)
-        ("square 2048", 2048, 2048, 2048),
-        ("Q/K/V/O 4096x256x256", 4096, 256, 256),
-        ("FFN in 4096x256x1024", 4096, 256, 1024),
-        ("FFN out 4096x1024x256", 4096, 1024, 256),
-        ("logits 4096x256x8000", 4096, 256, 8000),
-        ("embedding grad 8000x4096x256", 8000, 4096, 256),
-        ("beam logits 256x256x8000", 256, 256, 8000),
-    ),
-}
+from benchmarks import common
+
+
+def step_shapes(size, tokens=4096):
+  """(name, m, k, n) of [m, k] x [k, n]: the GEMMs of a training step of `size`
+  (benchmarks.common.SIZES), `tokens` rows a side, with a 2048^3 reference."""
+  d, f, v = size.d_model, size.d_ff, size.vocab_size
+  return (
+      ("square 2048", 2048, 2048, 2048),
+      (f"Q/K/V/O {tokens}x{d}x{d}", tokens, d, d),
+      (f"FFN in {tokens}x{d}x{f}", tokens, d, f),
+      (f"FFN out {tokens}x{f}x{d}", tokens, f, d),
+      (f"logits {tokens}x{d}x{v}", tokens, d, v),
+      (f"embedding grad {v}x{tokens}x{d}", v, tokens, d),
+      (f"beam logits 256x{d}x{v}", 256, d, v),  # One beam-4 step of 64 sentences.
+  )
 
 
 def best_seconds(fn, repeats):
@@ -52,7 +49,7 @@ def best_seconds(fn, repeats):
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--size", default="base", choices=sorted(SHAPES))
+  p.add_argument("--size", default="base", choices=("small", "base"))
   p.add_argument("--no_torch", action="store_true")
   args = p.parse_args(argv)
   torch = None
@@ -66,7 +63,7 @@ def main(argv=None):
   print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   print(f"{'shape':<32} {'jnp.dot GFLOP/s':>16} {'torch.mm GFLOP/s':>17} {'ratio':>6}")
   rows = []
-  for name, m, k, n in SHAPES[args.size]:
+  for name, m, k, n in step_shapes(common.SIZES[args.size]):
     a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
     ours = 2 * m * k * n / best_seconds(lambda: dot(a, b).block_until_ready(), args.repeats)

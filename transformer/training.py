@@ -175,15 +175,16 @@ class _Progress:
 
   def log_train(self, step, metrics_list, learning_rate):
     now = time.time()
+    elapsed = max(now - self.last_time, 1e-9)
     merged = {k: float(np.mean([m[k] for m in metrics_list])) for k in metrics_list[0]}
     tokens = float(np.sum([m["tokens"] for m in metrics_list]))
-    steps_per_s = (step - self.last_step) / max(now - self.last_time, 1e-9)
+    steps_per_s = (step - self.last_step) / elapsed
     # The share of wall time the loop waited for the next batch (prefetched in a
     # thread, then placed on the devices): an upper bound on the devices' idle
     # time for want of data, since the dispatched steps run meanwhile.
     merged.update(learning_rate=learning_rate, steps_per_sec=steps_per_s,
-                  tokens_per_sec=tokens / max(now - self.last_time, 1e-9),
-                  input_wait_fraction=self.input_wait / max(now - self.last_time, 1e-9))
+                  tokens_per_sec=tokens / elapsed,
+                  input_wait_fraction=self.input_wait / elapsed)
     eta = (self.total - step) / max(steps_per_s, 1e-9)
     logging.info("step %d/%d  loss %.4f  acc %.4f  lr %.2e  %.0f tok/s  %.2f step/s  "
                  "input wait %.1f%%  ETA %dm%02ds", step, self.total, merged["loss"],
