@@ -70,3 +70,41 @@ def test_equals_optax_smoothed_labels_in_value_and_gradient():
   np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-6)
   np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits),
                              atol=1e-6)
+
+
+def test_hand_written_gradient_matches_autodiff_of_the_plain_formula():
+  """The custom gradient against jax.grad of log_softmax, for the loss, the nll and a
+  mix of both (both cotangents non-zero), with padding and large logits, under jit."""
+  rng = np.random.default_rng(3)
+  logits = jnp.asarray(30 * rng.normal(size=(2, 6, 13)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 13, size=(2, 6))).at[1, 4:].set(0)
+  weights = losses.target_weights(targets)
+
+  def plain(x):
+    logp = jax.nn.log_softmax(x)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    loss = 0.9 * nll - 0.1 / 13 * jnp.sum(logp, axis=-1)
+    return jnp.sum(loss * weights), jnp.sum(nll * weights)
+
+  def ours(x):
+    sums = losses.cross_entropy_sums(x, targets, weights, 0.1)
+    return sums["loss"], sums["nll"]
+
+  for mix in (lambda l, n: l, lambda l, n: n, lambda l, n: 0.3 * l - 2.0 * n):
+    want = jax.grad(lambda x: mix(*plain(x)))(logits)
+    got = jax.jit(jax.grad(lambda x: mix(*ours(x))))(logits)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(ours)(logits), plain(logits), rtol=1e-6)
+  assert np.all(np.isfinite(jax.grad(lambda x: ours(x)[0])(logits)))
+
+
+def test_correct_counts_argmax_hits():
+  rng = np.random.default_rng(4)
+  logits = jnp.asarray(rng.normal(size=(4, 9, 17)), jnp.float32)
+  targets = jnp.asarray(rng.integers(1, 17, size=(4, 9)))
+  targets = jnp.where(rng.random((4, 9)) < 0.5, jnp.argmax(logits, -1), targets)
+  targets = targets.at[0, 5:].set(0)  # padding
+  weights = losses.target_weights(targets)
+  want = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
+  got = losses.cross_entropy_sums(logits, targets, weights)["correct"]
+  assert float(got) == float(want) > 0
