@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model import Embed, Transformer, shift_right, sinusoidal_table
+from transformer.model import (Embed, Transformer, shift_right, sinusoidal_table,
+                               tied_logits)
 from tests.helpers import init_model, random_tokens, tiny_config
 
 
@@ -35,6 +36,28 @@ def test_embedding_scaled_by_sqrt_d_model_and_shared_with_output():
                           np.ones((1, 3), np.int32), np.ones((1, 3), np.int32))
   assert p2["target_embedding"]["embedding"].shape == (19, 32)
   assert p2["decoder"]["logits"]["kernel"].shape == (32, 19)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tied_logits_gradient_equals_autodiff(dtype):
+  """The hand-written gradient of the output projection against jax.grad of the plain
+  einsum, under jit, in both compute dtypes (logits float32 either way)."""
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(k1, (3, 5, 8)).astype(dtype)
+  w = jax.random.normal(k2, (11, 8)).astype(dtype)
+  g = jax.random.normal(k3, (3, 5, 11))  # an arbitrary cotangent
+
+  def plain(x, w):
+    return jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+
+  out, vjp = jax.vjp(jax.jit(tied_logits), x, w)
+  want_out, want_vjp = jax.vjp(plain, x, w)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, want_out, rtol=1e-6)
+  for got, want in zip(vjp(g), want_vjp(g)):
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_shift_right_restarts_per_packed_segment():

@@ -62,9 +62,40 @@ class Embed(nn.Module):
 
   def attend(self, x_BxTxD):
     """The pre-softmax projection sharing this matrix: logits in float32 (3.4)."""
-    return jnp.einsum("btd,vd->btv", x_BxTxD,
-                      self.embedding.astype(self.config.compute_dtype),
-                      preferred_element_type=jnp.float32)
+    return tied_logits(x_BxTxD, self.embedding.astype(self.config.compute_dtype))
+
+
+def _dot(a, b, contract_a, contract_b):
+  return jax.lax.dot_general(a, b, ((contract_a, contract_b), ((), ())),
+                             preferred_element_type=jnp.float32)
+
+
+@jax.custom_vjp
+def tied_logits(x_BxTxD, embedding_VxD):
+  """logits_BxTxV = x @ embedding^T in float32, with the gradient autodiff would give.
+
+  The gradient is written out only to choose the form of the embedding's:
+  d embedding = (x^T @ d logits)^T. From autodiff's form, d logits^T @ x, XLA's
+  CPU layout assignment made a transposed copy of the [B*T, V] logits gradient
+  (the largest tensor of the step; 10% of the small step's time on a 2-core CPU).
+  Written this way the small training step ran 1.3x faster there.
+  """
+  return _dot(x_BxTxD, embedding_VxD, (2,), (1,))
+
+
+def _tied_logits_fwd(x_BxTxD, embedding_VxD):
+  return tied_logits(x_BxTxD, embedding_VxD), (x_BxTxD, embedding_VxD)
+
+
+def _tied_logits_bwd(residuals, d_logits_BxTxV):
+  x_BxTxD, embedding_VxD = residuals
+  d_x_BxTxD = _dot(d_logits_BxTxV, embedding_VxD, (2,), (0,))
+  d_embedding_DxV = _dot(x_BxTxD, d_logits_BxTxV, (0, 1), (0, 1))
+  return (d_x_BxTxD.astype(x_BxTxD.dtype),
+          d_embedding_DxV.T.astype(embedding_VxD.dtype))
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
 class PositionalEncoding(nn.Module):
