@@ -10,7 +10,7 @@ checkpoint in the workdir.
 from transformer import runtime
 
 if __name__ == "__main__":
-  runtime.use_huge_page_malloc()  # Before JAX starts; see transformer/runtime.py.
+  runtime.use_fast_malloc()  # Before JAX starts; see transformer/runtime.py.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags

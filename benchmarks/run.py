@@ -1,6 +1,6 @@
 """Training and decoding speed of our Transformer, side by side with PyTorch eager.
 
-  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m benchmarks.run --sizes small,base --json bench.json
+  python -m benchmarks.run --sizes small,base --json bench.json
   python -m benchmarks.run --config configs/default.py      # any config file's model
   python -m benchmarks.run --smoke                          # tiny, seconds (CI)
 
@@ -13,11 +13,16 @@ step (common.train_flops) and MFU against a float32 matmul peak measured in the
 same run, padding of the pipeline's batches, compiled shapes and recompiles,
 page faults and CPU seconds per step, greedy (both) and beam-4 (ours) decoding
 speed. The two frameworks alternate step by step, so that other processes'
-load (the machine may be shared) hits both alike. Unless --malloc=skip, our
-step of the first size also runs in fresh subprocesses, interleaved over
---malloc_rounds rounds: glibc malloc as is, GLIBC_TUNABLES=glibc.malloc.hugetlb=1
-and tcmalloc (LD_PRELOAD, if installed); such variables act only when set before
-the process starts.
+load (the machine may be shared) hits both alike. Both run under the
+allocator our commands use (transformer/runtime.py: tcmalloc that never
+releases memory where installed, else glibc malloc with huge pages; the script
+re-executes itself with it, as train.py does). Unless --malloc=skip, our step
+of the first size also runs in fresh subprocesses, interleaved over
+--malloc_rounds rounds: glibc malloc as is, GLIBC_TUNABLES=glibc.malloc.hugetlb=1,
+tcmalloc (LD_PRELOAD, if installed) as is and with TCMALLOC_RELEASE_RATE=0;
+such variables act only when set before the process starts. Each probe times
+steps back to back and steps after a 2 s pause (memory handed back to a
+virtual machine's host during a pause is slow to get back).
 """
 
 import argparse
@@ -36,8 +41,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # pylint: disable=g-import-not-at-top
 
 from benchmarks import common, jax_bench
+from transformer import runtime
 
 HUGETLB = "glibc.malloc.hugetlb=1"
+PAUSE_S = 2.0  # Linux reports free pages to a VM's host after ~2 s (page_reporting).
 TARGETS = (  # (description, figure key, threshold); ratios ours/PyTorch unless stated.
     ("training target tokens/s >= 1.5x PyTorch", "train target tokens/s", 1.5),
     ("base MFU >= 55% of measured matmul peak", "train MFU (padded) %", 55.0),
@@ -133,7 +140,7 @@ def _ratio(a, b):
   return None
 
 
-def malloc_probe(size, steps):
+def malloc_probe(size, steps, paused_steps):
   """Child process: our step on one pipeline batch; prints step time and faults as JSON."""
   from transformer import sharding  # pylint: disable=g-import-not-at-top
   batch = common.timed_batches(size, common.synthetic_examples(size), 1)[0]
@@ -152,34 +159,45 @@ def malloc_probe(size, steps):
     faults.append(u1.ru_minflt - u0.ru_minflt)
     sys_cpu.append(u1.ru_stime - u0.ru_stime)
     cpu.append(u1.ru_utime - u0.ru_utime + sys_cpu[-1])
+  paused = []
+  for _ in range(paused_steps):
+    time.sleep(PAUSE_S)
+    t0 = time.perf_counter()
+    state, m = step(state, placed)
+    jax.block_until_ready((state, m))
+    paused.append(time.perf_counter() - t0)
   # CPU seconds (user + kernel, all threads) are less sensitive to other processes'
   # load than wall time; page faults show up as kernel time.
   print(json.dumps({"step_s_median": statistics.median(times), "step_s_all": times,
+                    "paused_step_s_all": paused,
                     "cpu_s_per_step": statistics.median(cpu),
                     "sys_s_per_step": statistics.median(sys_cpu),
                     "page_faults_per_step": statistics.median(faults),
                     "shape": list(batch["targets"].shape)}))
 
 
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"  # apt: libtcmalloc-minimal4
+TCMALLOC = runtime.find_tcmalloc()  # Debian/Ubuntu: apt install libtcmalloc-minimal4
 ALLOCATORS = {  # name -> environment of the child process.
     "default malloc": {},
     "hugetlb=1": {"GLIBC_TUNABLES": HUGETLB},
     "tcmalloc": {"LD_PRELOAD": TCMALLOC},
+    # What the commands use where tcmalloc is installed (transformer/runtime.py).
+    "tcmalloc, release 0": {"LD_PRELOAD": TCMALLOC, **runtime.TCMALLOC_ENV},
 }
 
 
-def malloc_compare(size_arg, steps, rounds, names):
+def malloc_compare(size_arg, steps, paused_steps, rounds, names):
   """Our step in fresh processes per allocator, interleaved over `rounds` rounds so that
   a change in machine load hits every allocator alike; medians over all their steps."""
-  names = [n for n in names if n != "tcmalloc" or os.path.exists(TCMALLOC)]
+  names = [n for n in names if "tcmalloc" not in n or TCMALLOC]
   runs = {n: [] for n in names}
   for _ in range(rounds):
     for name in names:
-      env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
-      env.update(ALLOCATORS[name])
+      env = {k: v for k, v in os.environ.items()
+             if k not in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)}
+      env.update(ALLOCATORS[name], TRANSFORMER_DEFAULT_MALLOC="1")  # No re-execution.
       cmd = [sys.executable, "-m", "benchmarks.run", "--malloc_probe", "--malloc_steps",
-             str(steps)] + size_arg
+             str(steps), "--malloc_paused_steps", str(paused_steps)] + size_arg
       proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
       if proc.returncode:
@@ -190,6 +208,8 @@ def malloc_compare(size_arg, steps, rounds, names):
     median = lambda key, rs=rs: statistics.median(r[key] for r in rs)
     out[name] = {"step_s_median": statistics.median(t for r in rs for t in r["step_s_all"]),
                  "step_s_all": [t for r in rs for t in r["step_s_all"]],
+                 "paused_step_s_median": statistics.median(
+                     t for r in rs for t in r["paused_step_s_all"]),
                  "cpu_s_per_step": median("cpu_s_per_step"),
                  "sys_s_per_step": median("sys_s_per_step"),
                  "page_faults_per_step": median("page_faults_per_step"),
@@ -217,11 +237,13 @@ def print_table(results):
     size = m.pop("size")
     base = m["default malloc"]
     print(f"\nour train step ({size}, batch {base['shape']}), one fresh process per allocator:")
-    print(f"  {'allocator':<16} {'step s (median)':>16} {'vs default':>11} "
+    print(f"  {'allocator':<20} {'step s (median)':>16} {'vs default':>11} "
+          f"{'after ' + str(PAUSE_S) + ' s pause':>17} "
           f"{'CPU s/step':>11} {'kernel s/step':>14} {'page faults/step':>17}")
     for name, r in m.items():
-      print(f"  {name:<16} {r['step_s_median']:>16.3f} "
+      print(f"  {name:<20} {r['step_s_median']:>16.3f} "
             f"{r['step_s_median'] / base['step_s_median']:>11.3f} "
+            f"{r['paused_step_s_median']:>17.3f} "
             f"{r['cpu_s_per_step']:>11.2f} {r['sys_s_per_step']:>14.2f} "
             f"{r['page_faults_per_step']:>17,.0f}")
   print()
@@ -259,6 +281,8 @@ def main(argv=None):
   p.add_argument("--malloc", choices=("compare", "skip"), default="compare",
                  help="also time our step in subprocesses with/without glibc hugetlb")
   p.add_argument("--malloc_steps", type=int, default=5)
+  p.add_argument("--malloc_paused_steps", type=int, default=3,
+                 help=f"steps timed after a {PAUSE_S} s pause each")
   p.add_argument("--malloc_rounds", type=int, default=2)
   p.add_argument("--malloc_probe", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
@@ -275,7 +299,7 @@ def main(argv=None):
                                  ("decode_sentences", args.decode_sentences)) if v}
   sizes = [dataclasses.replace(s, **overrides) for s in sizes]
   if args.malloc_probe:
-    return malloc_probe(sizes[0], args.malloc_steps)
+    return malloc_probe(sizes[0], args.malloc_steps, args.malloc_paused_steps)
 
   use_torch = not args.no_torch
   if use_torch:
@@ -288,7 +312,8 @@ def main(argv=None):
   results = {"meta": {
       "device": str(jax.devices()[0]), "platform": platform.platform(),
       "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
-      "jax": jax.__version__, "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
+      "jax": jax.__version__,
+      **{k: os.environ.get(k, "") for k in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)},
       "data": args.data_dir or "synthetic", "max_extra_len": args.max_extra_len,
       "torch": use_torch and __import__("torch").__version__,
       "sizes": {s.name: dataclasses.asdict(s) for s in sizes}}}
@@ -306,9 +331,11 @@ def main(argv=None):
                                              max_extra_len=args.max_extra_len)
     print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
   if args.malloc == "compare":
-    names = ["default malloc", "hugetlb=1"] + ([] if args.smoke else ["tcmalloc"])
+    names = ["default malloc", "hugetlb=1"] + ([] if args.smoke else
+                                               ["tcmalloc", "tcmalloc, release 0"])
     results["malloc"] = dict(size=sizes[0].name, **malloc_compare(
-        size_arg, args.malloc_steps, 1 if args.smoke else args.malloc_rounds, names))
+        size_arg, args.malloc_steps, 1 if args.smoke else args.malloc_paused_steps,
+        1 if args.smoke else args.malloc_rounds, names))
   results["matmul_peak_gflops"] = {k: max(v) / 1e9 if v else None for k, v in peaks.items()}
   results["matmul_peak_all_gflops"] = {k: [x / 1e9 for x in v] for k, v in peaks.items()}
   peak = max(peaks["ours"])
@@ -328,4 +355,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  runtime.use_fast_malloc()  # What the commands use; see transformer/runtime.py.
   main()

@@ -62,6 +62,7 @@ def test_our_half(smoke):
     probe = results["malloc"][malloc]
     assert math.isfinite(probe["step_s_median"]) and probe["step_s_median"] > 0
     assert probe["page_faults_per_step"] >= 0
+    assert math.isfinite(probe["paused_step_s_median"]) and probe["paused_step_s_median"] > 0
   assert "hugetlb" in table
 
 

@@ -1,31 +1,61 @@
-"""The commands re-execute themselves once with glibc's huge-page malloc tunable."""
+"""The commands re-execute themselves once with a faster allocator set up."""
 
+import json
 import os
 import subprocess
 import sys
 
-SCRIPT = ("import os, sys; from transformer import runtime; "
-          "runtime.use_huge_page_malloc(); print(os.environ.get('GLIBC_TUNABLES'))")
+import pytest
+
+from transformer import runtime
+
+SCRIPT = ("import json, os, sys; from transformer import runtime; runtime.use_fast_malloc(); "
+          "print(json.dumps({k: os.environ.get(k) for k in ('GLIBC_TUNABLES', 'LD_PRELOAD', "
+          "'TCMALLOC_RELEASE_RATE')}))")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OURS = ("GLIBC_TUNABLES", "TRANSFORMER_DEFAULT_MALLOC", "TRANSFORMER_TCMALLOC", "LD_PRELOAD",
+        *runtime.TCMALLOC_ENV)
 
 
 def run(**env):
-  base = {k: v for k, v in os.environ.items()
-          if k not in ("GLIBC_TUNABLES", "TRANSFORMER_DEFAULT_MALLOC")}
+  base = {k: v for k, v in os.environ.items() if k not in OURS}
   out = subprocess.run([sys.executable, "-c", SCRIPT], env={**base, **env}, cwd=ROOT,
                        capture_output=True, text=True, check=True)
-  return out.stdout.strip()
+  return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_tunable_is_set_once_and_kept_with_others():
-  assert run() == "glibc.malloc.hugetlb=1"
-  assert run(GLIBC_TUNABLES="glibc.malloc.arena_max=2") == (
+  assert run()["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+  assert run(GLIBC_TUNABLES="glibc.malloc.arena_max=2")["GLIBC_TUNABLES"] == (
       "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1")
-  assert run(GLIBC_TUNABLES="glibc.malloc.hugetlb=0") == "glibc.malloc.hugetlb=0"
+  assert run(GLIBC_TUNABLES="glibc.malloc.hugetlb=0")["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
+
+
+def test_tcmalloc_is_preloaded_where_installed_and_never_releases():
+  tcmalloc = runtime.find_tcmalloc()
+  got = run()
+  if tcmalloc is None:  # Not installed here: glibc's malloc with the tunable only.
+    assert got["LD_PRELOAD"] is None and got["TCMALLOC_RELEASE_RATE"] is None
+  else:
+    assert got["LD_PRELOAD"] == tcmalloc and got["TCMALLOC_RELEASE_RATE"] == "0"
+  kept = run(LD_PRELOAD="libfoo.so", TCMALLOC_RELEASE_RATE="2")
+  if tcmalloc is not None:
+    assert kept == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+                    "LD_PRELOAD": f"{tcmalloc}:libfoo.so", "TCMALLOC_RELEASE_RATE": "2"}
+  assert run(TRANSFORMER_TCMALLOC="0") == {
+      "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "LD_PRELOAD": None,
+      "TCMALLOC_RELEASE_RATE": None}
+
+
+def test_a_missing_tcmalloc_path_is_named(monkeypatch):
+  monkeypatch.setenv("TRANSFORMER_TCMALLOC", "/nonexistent/libtcmalloc.so")
+  with pytest.raises(FileNotFoundError, match="/nonexistent/libtcmalloc.so"):
+    runtime.fast_malloc_env({})
 
 
 def test_opt_out():
-  assert run(TRANSFORMER_DEFAULT_MALLOC="1") == "None"
+  assert run(TRANSFORMER_DEFAULT_MALLOC="1") == {
+      "GLIBC_TUNABLES": None, "LD_PRELOAD": None, "TCMALLOC_RELEASE_RATE": None}
 
 
 def test_library_info_is_dropped_and_warnings_kept():

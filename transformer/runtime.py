@@ -1,31 +1,74 @@
-"""Process set-up shared by the commands: glibc's malloc with transparent huge
-pages, and a training log without the libraries' INFO chatter.
+"""Process set-up shared by the commands: an allocator that keeps the memory it
+frees, and a training log without the libraries' INFO chatter.
 
-On a CPU, XLA allocates and frees large buffers every step; with glibc's default
-malloc each step then takes tens of thousands of page faults. Measured on a
-2-core CPU with the default SCAN config: 68,700 minor page faults and ~650 ms a
-training step by default, ~450 and ~440-530 ms with
-GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (benchmarks/ has the comparison). glibc
-reads tunables only at process start, so the commands re-execute themselves
-once with it set. Older glibc versions ignore the unknown tunable. Opt out with
-TRANSFORMER_DEFAULT_MALLOC=1.
+On a CPU, XLA allocates and frees large buffers every step. glibc's malloc hands
+the big ones back to the kernel at once, and the next step faults them in again:
+with its defaults a SCAN training step took 68,700 minor page faults and ~650 ms
+on a 2-core CPU, ~450 faults and ~440-530 ms with
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (transparent huge pages). In a virtual
+machine that reports free memory to its host, memory handed back is also
+unmapped there after ~2 s, and re-touching it costs far more than a page fault.
+On this project's 2-core VM (benchmarks/run.py's allocator probe, small step,
+fresh processes): glibc with the tunable 2.2 s a step, 3.3 s after a 2 s pause;
+tcmalloc told never to release memory (TCMALLOC_RELEASE_RATE=0) 1.6 s either
+way. So the commands re-execute themselves once with the glibc tunable set and,
+where gperftools' tcmalloc is installed (Debian/Ubuntu: libtcmalloc-minimal4),
+with it preloaded and set so.
+These variables act only at process start, hence the re-execution. Opt out with
+TRANSFORMER_DEFAULT_MALLOC=1; TRANSFORMER_TCMALLOC=0 keeps glibc's malloc (with
+the tunable), TRANSFORMER_TCMALLOC=/path/libtcmalloc.so picks a library.
 """
 
+import ctypes.util
 import logging
 import os
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
+TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
+TCMALLOC_ENV = {  # Never hand memory back; no "large alloc" report on stderr.
+    "TCMALLOC_RELEASE_RATE": "0",
+    "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40),
+}
 NOISY_LIBRARIES = ("/orbax/", "/tensorflow_datasets/")
 
 
-def use_huge_page_malloc() -> None:
-  """Re-executes this command with the tunable set (Linux only, at most once)."""
+def find_tcmalloc():
+  """The tcmalloc library to preload, or None: $TRANSFORMER_TCMALLOC, else the
+  system's (by ldconfig), else None."""
+  chosen = os.environ.get("TRANSFORMER_TCMALLOC")
+  if chosen == "0":
+    return None
+  if chosen:
+    if not os.path.exists(chosen):
+      raise FileNotFoundError(f"TRANSFORMER_TCMALLOC={chosen!r}: no such file (set it "
+                              "to a libtcmalloc .so, or to 0 for glibc's malloc).")
+    return chosen
+  for name in TCMALLOC_NAMES:
+    found = ctypes.util.find_library(name)
+    if found:
+      return found
+  return None
+
+
+def fast_malloc_env(environ):
+  """`environ` with the allocator settings above added (kept where already set)."""
+  current = environ.get("GLIBC_TUNABLES", "")
+  env = dict(environ, GLIBC_TUNABLES=":".join(filter(None, [current, TUNABLE])))
+  tcmalloc = find_tcmalloc()
+  if tcmalloc:
+    env["LD_PRELOAD"] = ":".join(filter(None, [tcmalloc, environ.get("LD_PRELOAD")]))
+    env.update({k: environ.get(k, v) for k, v in TCMALLOC_ENV.items()})
+  return env
+
+
+def use_fast_malloc() -> None:
+  """Re-executes this command with fast_malloc_env (Linux only, at most once)."""
   current = os.environ.get("GLIBC_TUNABLES", "")
   if (not sys.platform.startswith("linux") or "glibc.malloc.hugetlb" in current
       or os.environ.get("TRANSFORMER_DEFAULT_MALLOC")):
     return
-  env = dict(os.environ, GLIBC_TUNABLES=":".join(filter(None, [current, TUNABLE])))
+  env = fast_malloc_env(os.environ)
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, sys.orig_argv, env)

@@ -17,7 +17,7 @@ attention of the first non-empty line (plots.py).
 
 if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   from transformer import runtime
-  runtime.use_huge_page_malloc()
+  runtime.use_fast_malloc()
 
 
 import os
