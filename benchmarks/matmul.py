@@ -19,6 +19,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
 from benchmarks import common
+from transformer import runtime
 
 
 def step_shapes(size, tokens=4096):
@@ -78,4 +79,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  runtime.use_fast_malloc()  # The allocator the commands use (transformer/runtime.py).
   main()

@@ -36,7 +36,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
 from benchmarks import common
-from transformer import sharding, training
+from transformer import runtime, sharding, training
 
 VARIANTS = ("dropout=0", "rbg", "reference_attn", "bfloat16", "pack")
 
@@ -221,4 +221,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  runtime.use_fast_malloc()  # The allocator the commands use (transformer/runtime.py).
   main()
