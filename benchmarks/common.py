@@ -33,6 +33,9 @@ class Size:
   train_steps: int = 10  # Timed training steps (after one warm-up step per shape).
   decode_sentences: int = 32  # Sentences per decoding batch.
   decode_repeats: int = 3  # Timed decoding runs (median).
+  # Compute dtype: ours config.model.dtype (parameters float32), PyTorch's
+  # torch.autocast to the same dtype around forward and loss.
+  dtype: str = "float32"
 
 
 SIZES = {
@@ -61,7 +64,7 @@ def size_from_config(path, tokens_per_batch=4096, max_length=64):
 def experiment_config(size: Size):
   """configs/base.py with the model and batch of `size` (paper optimiser, label smoothing)."""
   config = base_config.get_config()
-  for field in ("num_layers", "d_model", "d_ff", "num_heads", "dropout"):
+  for field in ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "dtype"):
     config.model[field] = getattr(size, field)
   config.model.max_len = max(256, size.max_length)
   config.data.vocab_size = size.vocab_size

@@ -102,7 +102,7 @@ def bench_size(size, examples, *, peaks, use_torch, max_extra_len):
     ours[f"{name} compile s"], runs[name] = jax_bench.decoder(
         model, params, sources, mode=mode, beam_size=4, max_extra_len=max_extra_len)
   if use_torch:
-    runs["torch greedy"] = torch_bench.decoder(trainers[1].model, sources, limits)
+    runs["torch greedy"] = torch_bench.decoder(trainers[1].model, sources, limits, size.dtype)
   times = {name: [] for name in runs}
   for _ in range(size.decode_repeats):
     for name, run in runs.items():
@@ -277,6 +277,9 @@ def main(argv=None):
   p.add_argument("--steps", type=int, help="timed training steps (default: per size)")
   p.add_argument("--decode_sentences", type=int, help="sentences per decoding batch")
   p.add_argument("--max_extra_len", type=int, default=50, help="output limit = source + this (6.1)")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="compute dtype of both sides (parameters stay float32; PyTorch: "
+                 "torch.autocast); MFU stays against the float32 matmul peak")
   p.add_argument("--no_torch", action="store_true", help="our half only")
   p.add_argument("--malloc", choices=("compare", "skip"), default="compare",
                  help="also time our step in subprocesses with/without glibc hugetlb")
@@ -296,8 +299,10 @@ def main(argv=None):
     size_arg = ["--sizes", names[0]]  # The malloc probe times the first (smallest) size.
   sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]
   overrides = {k: v for k, v in (("train_steps", args.steps),
-                                 ("decode_sentences", args.decode_sentences)) if v}
+                                 ("decode_sentences", args.decode_sentences),
+                                 ("dtype", args.dtype)) if v}
   sizes = [dataclasses.replace(s, **overrides) for s in sizes]
+  size_arg += ["--dtype", args.dtype]  # The malloc probe's step computes in it too.
   if args.malloc_probe:
     return malloc_probe(sizes[0], args.malloc_steps, args.malloc_paused_steps)
 

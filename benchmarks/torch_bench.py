@@ -102,9 +102,11 @@ class Trainer:
     src, tgt_in, tgt = self._data[i]
     self.model.train()
     self.opt.zero_grad(set_to_none=True)
-    logits = self.model(src, tgt_in)
-    loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=PAD_ID,
-                           label_smoothing=0.1, reduction="sum")
+    with torch.autocast("cpu", dtype=getattr(torch, self.size.dtype),
+                        enabled=self.size.dtype != "float32"):
+      logits = self.model(src, tgt_in)
+      loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=PAD_ID,
+                             label_smoothing=0.1, reduction="sum")
     loss = loss / (tgt != PAD_ID).sum().clamp(min=1)
     loss.backward()
     self.opt.step()
@@ -147,15 +149,22 @@ def greedy(model, src_BxS, max_len_B):
   return ys_BxT[:, 1:]
 
 
-def decoder(model, sources_BxS, max_len_B):
-  """run() greedy-decodes the batch once and returns its seconds."""
+def decoder(model, sources_BxS, max_len_B, dtype="float32"):
+  """run() greedy-decodes the batch once (autocast to `dtype`) and returns its seconds."""
   model.eval()
   src = torch.from_numpy(sources_BxS.astype(np.int64))
   limits = torch.from_numpy(max_len_B.astype(np.int64))
 
   def run():
-    t0 = time.perf_counter()
-    greedy(model, src, limits)
-    return time.perf_counter() - t0
+    # nn.Transformer's inference fast path rejects autocast's bfloat16 inputs.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(fastpath and dtype == "float32")
+    try:
+      t0 = time.perf_counter()
+      with torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=dtype != "float32"):
+        greedy(model, src, limits)
+      return time.perf_counter() - t0
+    finally:
+      torch.backends.mha.set_fastpath_enabled(fastpath)
 
   return run

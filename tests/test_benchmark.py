@@ -75,3 +75,18 @@ def test_pytorch_half(smoke):
   assert any(line.startswith("target [smoke] training") for line in results["targets"])
   # Same batches on both sides: the analytic FLOPs per step agree.
   assert res["pytorch"]["train GFLOP per step"] == res["ours"]["train GFLOP per step"]
+
+
+def test_bfloat16_smoke_runs_both_sides_in_bfloat16(tmp_path):
+  out = tmp_path / "bench.json"
+  argv = (["--smoke", "--dtype", "bfloat16", "--malloc", "skip", "--json", str(out)]
+          + ([] if HAS_TORCH else ["--no_torch"]))
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    run.main(argv)
+  results = json.loads(out.read_text())
+  assert results["meta"]["sizes"]["smoke"]["dtype"] == "bfloat16"
+  res = results["sizes"]["smoke"]
+  _check(res["ours"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
+  if HAS_TORCH:
+    _check(res["pytorch"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
