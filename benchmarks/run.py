@@ -146,15 +146,20 @@ def malloc_probe(size, steps, paused_steps):
   batch = common.timed_batches(size, common.synthetic_examples(size), 1)[0]
   _, state, step, mesh = jax_bench.setup(size)
   placed = sharding.place_batch(batch, mesh)
+  holder = [state]
+
+  def run():  # One step; its wall seconds.
+    t0 = time.perf_counter()
+    holder[0], m = step(holder[0], placed)
+    jax.block_until_ready((holder[0], m))
+    return time.perf_counter() - t0
+
   for _ in range(2):  # Compile, then one more step for the allocator to settle.
-    state, m = step(state, placed)
-    jax.block_until_ready((state, m))
+    run()
   times, faults, cpu, sys_cpu = [], [], [], []
   for _ in range(steps):
-    u0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    state, m = step(state, placed)
-    jax.block_until_ready((state, m))
-    times.append(time.perf_counter() - t0)
+    u0 = resource.getrusage(resource.RUSAGE_SELF)
+    times.append(run())
     u1 = resource.getrusage(resource.RUSAGE_SELF)
     faults.append(u1.ru_minflt - u0.ru_minflt)
     sys_cpu.append(u1.ru_stime - u0.ru_stime)
@@ -162,10 +167,7 @@ def malloc_probe(size, steps, paused_steps):
   paused = []
   for _ in range(paused_steps):
     time.sleep(PAUSE_S)
-    t0 = time.perf_counter()
-    state, m = step(state, placed)
-    jax.block_until_ready((state, m))
-    paused.append(time.perf_counter() - t0)
+    paused.append(run())
   # CPU seconds (user + kernel, all threads) are less sensitive to other processes'
   # load than wall time; page faults show up as kernel time.
   print(json.dumps({"step_s_median": statistics.median(times), "step_s_all": times,

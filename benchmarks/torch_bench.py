@@ -85,6 +85,11 @@ def _tensors(batch):
   return src, torch.from_numpy(common.shift_right(batch["targets"]).astype(np.int64)), tgt
 
 
+def _autocast(dtype):
+  """Computation in `dtype` (a name: float32 = as is) under torch.autocast on the CPU."""
+  return torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=dtype != "float32")
+
+
 class Trainer:
   """PyTorch's step over the same batches: warm_up() runs one, step(i) times one."""
 
@@ -102,8 +107,7 @@ class Trainer:
     src, tgt_in, tgt = self._data[i]
     self.model.train()
     self.opt.zero_grad(set_to_none=True)
-    with torch.autocast("cpu", dtype=getattr(torch, self.size.dtype),
-                        enabled=self.size.dtype != "float32"):
+    with _autocast(self.size.dtype):
       logits = self.model(src, tgt_in)
       loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=PAD_ID,
                              label_smoothing=0.1, reduction="sum")
@@ -161,7 +165,7 @@ def decoder(model, sources_BxS, max_len_B, dtype="float32"):
     torch.backends.mha.set_fastpath_enabled(fastpath and dtype == "float32")
     try:
       t0 = time.perf_counter()
-      with torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=dtype != "float32"):
+      with _autocast(dtype):
         greedy(model, src, limits)
       return time.perf_counter() - t0
     finally:
