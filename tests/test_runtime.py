@@ -53,6 +53,15 @@ def test_a_missing_tcmalloc_path_is_named(monkeypatch):
     runtime.fast_malloc_env({})
 
 
+def test_a_missing_tcmalloc_path_stops_the_command_with_its_name():
+  base = {k: v for k, v in os.environ.items() if k not in OURS}
+  out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                       env={**base, "TRANSFORMER_TCMALLOC": "/nonexistent/libtcmalloc.so"})
+  assert out.returncode != 0 and not out.stdout
+  assert "TRANSFORMER_TCMALLOC='/nonexistent/libtcmalloc.so'" in out.stderr
+  assert "Traceback" not in out.stderr
+
+
 def test_opt_out():
   assert run(TRANSFORMER_DEFAULT_MALLOC="1") == {
       "GLIBC_TUNABLES": None, "LD_PRELOAD": None, "TCMALLOC_RELEASE_RATE": None}

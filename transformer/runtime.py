@@ -68,7 +68,10 @@ def use_fast_malloc() -> None:
   if (not sys.platform.startswith("linux") or "glibc.malloc.hugetlb" in current
       or os.environ.get("TRANSFORMER_DEFAULT_MALLOC")):
     return
-  env = fast_malloc_env(os.environ)
+  try:
+    env = fast_malloc_env(os.environ)
+  except FileNotFoundError as e:  # A bad TRANSFORMER_TCMALLOC: the message, no traceback.
+    sys.exit(f"error: {e}")
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, sys.orig_argv, env)
