@@ -220,6 +220,44 @@ def test_beam_early_termination():
   assert max(steps) < T_MAX - 1
 
 
+def test_beam_best_only_stops_once_the_best_is_final():
+  """Only the path 3, EOS can finish, so the K=3 finished slots never fill and
+  the full search runs to max_len. With best_only it stops as soon as no alive
+  beam can beat that hypothesis (log-probs only fall; lp is largest at max_len),
+  with the same best output."""
+  neg = -jnp.inf
+
+  def logits_fn(ids_Nx1, cache, step):
+    del step
+    i, first_N = cache['i'], cache['first']
+    first_N = jnp.where(i == 1, ids_Nx1[:, 0], first_N)   # the token chosen at step 0
+    start_V = jnp.array([neg, neg, -2.0, 0.0, -1.0])
+    can_end_N = (i == 1) & (first_N == 3)
+    later_NxV = jnp.where(can_end_N[:, None], jnp.array([neg, 5.0, 0.0, 0.0, 0.0]),
+                          jnp.array([neg, neg, 0.0, 0.0, 0.0]))
+    logits_NxV = jnp.where(i == 0, start_V, later_NxV)
+    return logits_NxV, {'i': i + 1, 'first': first_N}
+
+  steps = []
+
+  def counting_fn(ids_Nx1, cache, step):
+    jax.debug.callback(lambda s: steps.append(int(s)), step)
+    return logits_fn(ids_Nx1, cache, step)
+
+  K = 3
+  cache = {'i': jnp.int32(0), 'first': jnp.zeros((2 * K,), jnp.int32)}
+  kw = dict(batch_size=2, beam_size=K, alpha=0.6, max_len=T_MAX, bos_id=BOS, eos_id=EOS)
+  full, _ = decode.beam_search(counting_fn, cache, **kw)
+  jax.effects_barrier()
+  assert max(steps) == T_MAX - 1
+  steps.clear()
+  best, _ = decode.beam_search(counting_fn, cache, best_only=True, **kw)
+  jax.effects_barrier()
+  assert max(steps) == 1
+  np.testing.assert_array_equal(best[:, 0], full[:, 0])
+  assert list(np.asarray(best[0, 0])) == [3, EOS] + [PAD] * (T_MAX - 2)
+
+
 def test_beam_returns_alive_when_nothing_finished():
   logits_fn, np_logp = make_toy(8, eos_rows=[])   # EOS never possible
   ids_BxKxL, scores_BxK = decode.beam_search(
@@ -350,6 +388,20 @@ def test_model_beam_batch_items_independent_of_padding():
   np.testing.assert_array_equal(ids_BxL[1], np.pad(alone, (0, 1)))
   for row in ids_BxL:
     check_well_formed(row)
+
+
+def test_model_all_pad_rows_emit_nothing():
+  """A row with no source tokens only pads a batch: it emits PAD and must not
+  keep the loop running (its limit is 0, not max_extra_len); the real row is
+  decoded as if alone."""
+  model, params = tiny_model()
+  inputs_BxS = jnp.asarray(sources([3, 0], 3))
+  kw = dict(model=model, params=params, max_extra_len=EXTRA, eos_id=M_EOS)
+  for mode in ('greedy', 'beam'):
+    ids_BxL = np.asarray(decode_jit(inputs_BxS=inputs_BxS, mode=mode, **kw))
+    alone = np.asarray(decode_jit(inputs_BxS=inputs_BxS[:1], mode=mode, **kw))
+    np.testing.assert_array_equal(ids_BxL[0], alone[0])
+    assert not ids_BxL[1].any()
 
 
 def test_model_sampling_top1_is_greedy():

@@ -141,7 +141,8 @@ def gather_beams(tree: Any, parent_BxK: Array) -> Any:
 
 def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 beam_size: int, alpha: float, max_len: MaxLen, bos_id: int,
-                eos_id: int, out_len: Optional[int] = None) -> Tuple[Array, Array]:
+                eos_id: int, out_len: Optional[int] = None,
+                best_only: bool = False) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -155,6 +156,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   lengths) bounds any future score); or, as greedy search does, once its K
   finished slots are full and the best of them beats every alive hypothesis as
   it stands. With K = 1 this is exactly greedy search.
+  With best_only, only row 0 of each item is wanted: an item also stops once
+  its best finished hypothesis beats that bound, even with empty finished
+  slots (row 0 is then final; the other rows may not be the K best).
   Output: finished hypotheses (ending in EOS, PAD after) sorted by score, then,
   to fill the K rows, alive ones (no EOS, score = logp / lp(their length)):
   an item with nothing finished returns its alive beams.
@@ -175,8 +179,11 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     # best finished hypothesis beats every alive one as it stands (t tokens).
     beaten_now_B = (jnp.all(s['fin_ok'], axis=1)
                     & (fin_best_B >= live_best_B / length_penalty(s['t'], alpha)))
+    # With best_only, the top hypothesis alone must be final: no alive beam
+    # can ever beat the best finished one (the same bound).
+    fin_bound_B = fin_best_B if best_only else fin_worst_B
     return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF) | beaten_now_B
-            | (fin_worst_B > live_best_B / lp_best_B))
+            | (fin_bound_B > live_best_B / lp_best_B))
 
   def done_fn(s):
     # Sticky: the tests above depend on t, and a stopped item's state is frozen,
@@ -321,7 +328,8 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
   model max_len); best beam in 'beam' mode.
 
   Row b emits at most min(len_b + max_extra_len, model max_len) tokens (EOS
-  included), len_b = its non-PAD source tokens (sec. 6.1). The encoder runs
+  included), len_b = its non-PAD source tokens (sec. 6.1); an all-PAD row
+  (batch padding) emits none. The encoder runs
   once; beams share it by repetition. Jittable with model, mode, beam_size,
   max_extra_len, top_k (and temperature if 0) static; L, hence the compiled
   program, depends on the source width S. `eos_id` defaults to the model
@@ -334,7 +342,10 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
   cfg = model.config
   B, S = inputs_BxS.shape
   L = min(S + max_extra_len, cfg.max_len)  # Decoder positions must exist.
-  max_len_B = jnp.minimum(jnp.sum(inputs_BxS != cfg.pad_id, axis=1) + max_extra_len, L)
+  src_len_B = jnp.sum(inputs_BxS != cfg.pad_id, axis=1)
+  # An all-PAD row pads the batch: it emits nothing rather than keep the loop
+  # running for max_extra_len steps of output no one reads.
+  max_len_B = jnp.where(src_len_B > 0, jnp.minimum(src_len_B + max_extra_len, L), 0)
   encoded_BxSxD = model.apply({'params': params}, inputs_BxS, method='encode')
   K = beam_size if mode == 'beam' else 1
   # Batch-major beams: row b*K + k.
@@ -349,4 +360,5 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':
     return sample(logits_fn, cache, rng, temperature=temperature, top_k=top_k, **kw)
-  return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, **kw)[0][:, 0]
+  return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, best_only=True,
+                     **kw)[0][:, 0]
