@@ -404,6 +404,28 @@ def test_model_all_pad_rows_emit_nothing():
     assert not ids_BxL[1].any()
 
 
+def test_model_cache_growth_changes_nothing(monkeypatch):
+  """Decoding starts on a cache of first_cache_len steps and pads it to the full
+  length if the batch runs past them: the outputs must not depend on where (or
+  whether) that happens. With an EOS the model cannot emit, every row runs to
+  its limit through the growth."""
+  model, params = tiny_model()
+  inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))
+  outputs = {}
+  for first in (1, 7, 100):   # grow after step 0, midway, never (capped to L)
+    monkeypatch.setattr(decode, 'first_cache_len', lambda S, first=first: first)
+    run = jax.jit(functools.partial(decode.encode_and_decode, model, max_extra_len=EXTRA,
+                                    beam_size=3), static_argnames=('mode',), **FAST)
+    for mode, eos_id in itertools.product(('greedy', 'beam'), (M_EOS, M_V)):
+      outputs.setdefault((mode, eos_id), []).append(
+          np.asarray(run(params, inputs_BxS, mode=mode, eos_id=eos_id)))
+  for (mode, eos_id), (grown_early, grown_midway, full) in outputs.items():
+    np.testing.assert_array_equal(grown_early, full)
+    np.testing.assert_array_equal(grown_midway, full)
+    if eos_id == M_V:
+      assert [int(np.sum(r != 0)) for r in full] == [16, 15]
+
+
 def test_model_sampling_top1_is_greedy():
   model, params = tiny_model()
   kw = dict(model=model, params=params, inputs_BxS=jnp.asarray(sources(SRC_LENGTHS, 6)),

@@ -11,9 +11,13 @@ BOS; after EOS a row holds PAD (= 0) only.
 limits a static `out_len` (the buffer length L) must be given (it is inferred
 for a concrete numpy array). Row b then emits at most min(max_len[b], L) tokens.
 
+All three take grow=(first_len, grow_fn): the cache given holds first_len
+steps, and grow_fn(cache) extends it to L if the loop gets that far.
+
 Beam scores use the GNMT length penalty with |Y| = generated tokens including
 EOS. `encode_and_decode` wires the searches to transformer.model.Transformer.
 """
+import functools
 from typing import Any, Callable, Optional, Tuple, Union
 
 import jax
@@ -48,47 +52,61 @@ def _choose_greedy(logits_NxV: Array, step: Array) -> Array:
   return jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
 
 
+def _while(cond_fn, body_fn, state: dict, out_len: int, grow) -> dict:
+  """while cond_fn(state) and t < out_len: state = body_fn(state).
+
+  With grow = (first_len, grow_fn) the cache starts with first_len positions:
+  the loop runs to t = first_len on it, then grow_fn(cache) extends it to
+  out_len and the loop goes on. Most batches end well before out_len, and a
+  shorter cache is cheaper to attend over and to reorder at every step.
+  """
+  def run(state, length):
+    return jax.lax.while_loop(lambda s: (s['t'] < length) & cond_fn(s), body_fn, state)
+
+  if grow is None or grow[0] >= out_len:
+    return run(state, out_len)
+  first_len, grow_fn = grow
+  state = run(state, first_len)
+  return run({**state, 'cache': grow_fn(state['cache'])}, out_len)
+
+
 def _decode_loop(logits_fn: LogitsFn, cache: Any, choose_fn, *, batch_size: int,
                  max_len: MaxLen, bos_id: int, eos_id: int,
-                 out_len: Optional[int]) -> Array:
+                 out_len: Optional[int], grow=None) -> Array:
   """One-token-per-step decoding loop shared by greedy and sampling -> ids_BxL."""
   max_len_B, L = _row_limits(max_len, batch_size, out_len)
 
   def done_fn(t, finished_B):
     return finished_B | (t >= max_len_B)
 
-  def cond_fn(state):
-    t, _, _, finished_B, _ = state
-    return (t < L) & ~jnp.all(done_fn(t, finished_B))
-
-  def body_fn(state):
-    t, last_B, ids_BxL, finished_B, cache = state
-    logits_BxV, cache = logits_fn(last_B[:, None], cache, t)
-    done_B = done_fn(t, finished_B)
+  def body_fn(s):
+    t = s['t']
+    logits_BxV, cache = logits_fn(s['last'][:, None], s['cache'], t)
+    done_B = done_fn(t, s['finished'])
     # Done rows still flow through logits_fn (fixed shapes) but emit PAD.
     tok_B = jnp.where(done_B, PAD_ID, choose_fn(logits_BxV, t))
-    ids_BxL = ids_BxL.at[:, t].set(tok_B)
-    finished_B = finished_B | (~done_B & (tok_B == eos_id))
-    return t + 1, tok_B, ids_BxL, finished_B, cache
+    return dict(t=t + 1, last=tok_B, ids=s['ids'].at[:, t].set(tok_B),
+                finished=s['finished'] | (~done_B & (tok_B == eos_id)), cache=cache)
 
-  init = (jnp.int32(0), jnp.full((batch_size,), bos_id, jnp.int32),
-          jnp.full((batch_size, L), PAD_ID, jnp.int32),
-          jnp.zeros((batch_size,), bool), cache)
-  return jax.lax.while_loop(cond_fn, body_fn, init)[2]
+  init = dict(t=jnp.int32(0), last=jnp.full((batch_size,), bos_id, jnp.int32),
+              ids=jnp.full((batch_size, L), PAD_ID, jnp.int32),
+              finished=jnp.zeros((batch_size,), bool), cache=cache)
+  return _while(lambda s: ~jnp.all(done_fn(s['t'], s['finished'])), body_fn, init,
+                L, grow)['ids']
 
 
 def greedy_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                   max_len: MaxLen, bos_id: int, eos_id: int,
-                  out_len: Optional[int] = None) -> Array:
+                  out_len: Optional[int] = None, grow=None) -> Array:
   """Argmax decoding -> ids_BxL (no BOS; PAD after EOS and past each row's max_len)."""
   return _decode_loop(logits_fn, cache, _choose_greedy, batch_size=batch_size,
                       max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-                      out_len=out_len)
+                      out_len=out_len, grow=grow)
 
 
 def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
            max_len: MaxLen, bos_id: int, eos_id: int, temperature: float = 1.0,
-           top_k: int = 0, out_len: Optional[int] = None) -> Array:
+           top_k: int = 0, out_len: Optional[int] = None, grow=None) -> Array:
   """Temperature / top-k sampling -> ids_BxL.
 
   temperature == 0 (a Python number) is argmax; top_k (static) = 0 keeps the
@@ -97,7 +115,7 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
   if isinstance(temperature, (int, float)) and temperature == 0:
     return greedy_search(logits_fn, cache, batch_size=batch_size,
                          max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-                         out_len=out_len)
+                         out_len=out_len, grow=grow)
 
   def choose_fn(logits_NxV, t):
     logits_NxV = logits_NxV.astype(jnp.float32)
@@ -109,7 +127,7 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
 
   return _decode_loop(logits_fn, cache, choose_fn, batch_size=batch_size,
                       max_len=max_len, bos_id=bos_id, eos_id=eos_id,
-                      out_len=out_len)
+                      out_len=out_len, grow=grow)
 
 
 def length_penalty(length, alpha) -> Array:
@@ -142,7 +160,7 @@ def gather_beams(tree: Any, parent_BxK: Array) -> Any:
 def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 beam_size: int, alpha: float, max_len: MaxLen, bos_id: int,
                 eos_id: int, out_len: Optional[int] = None,
-                best_only: bool = False) -> Tuple[Array, Array]:
+                best_only: bool = False, grow=None) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -189,9 +207,6 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     # Sticky: the tests above depend on t, and a stopped item's state is frozen,
     # so they could turn false again later; a stopped item never restarts.
     return s['done'] | stop_fn(s)
-
-  def cond_fn(s):
-    return (s['t'] < L) & ~jnp.all(done_fn(s))
 
   def body_fn(s):
     t = s['t']
@@ -260,7 +275,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
       fin_seqs=jnp.full((B, K, L), PAD_ID, jnp.int32),
       cache=cache,
   )
-  s = jax.lax.while_loop(cond_fn, body_fn, init)
+  s = _while(lambda s: ~jnp.all(done_fn(s)), body_fn, init, L, grow)
 
   live_score_BxK = s['live_logp'] / length_penalty(s['steps'], alpha)[:, None]
   score_Bx2K = jnp.concatenate([s['fin_score'], live_score_BxK], axis=1)
@@ -291,6 +306,26 @@ def init_cache(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
   _, variables = model.apply({'params': params}, encoded_NxSxD, inputs_NxS, dummy_NxL,
                              decode=True, mutable=['cache'], method='decode')
   return variables['cache']
+
+
+def first_cache_len(source_len: int) -> int:
+  """Steps the decoding cache holds before it grows to its full length.
+
+  Outputs are about as long as their sources: on Multi30k EN->DE (beam 4,
+  S = 16 to 32) batches ran 13-50 steps against full caches of S + 50.
+  Starting at S + 8 decoded val at 77-79 sentences/s, against 65-72 for 2S,
+  75 for S + 16 and 52-61 with no growth (2-core CPU, interleaved runs).
+  """
+  return source_len + max(8, source_len // 4)
+
+
+def _grow_cache(cache: Any, length: int) -> Any:
+  """Self-attention keys/values ([N, H, steps, K]) padded to `length` steps."""
+  def grow(x):
+    if x.ndim != 4:
+      return x
+    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+  return jax.tree.map(grow, cache)
 
 
 def _split_static(cache: Any) -> Tuple[Any, dict]:
@@ -348,14 +383,17 @@ def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
   max_len_B = jnp.where(src_len_B > 0, jnp.minimum(src_len_B + max_extra_len, L), 0)
   encoded_BxSxD = model.apply({'params': params}, inputs_BxS, method='encode')
   K = beam_size if mode == 'beam' else 1
-  # Batch-major beams: row b*K + k.
-  encoded_NxSxD = jnp.repeat(encoded_BxSxD, K, axis=0)
-  inputs_NxS = jnp.repeat(inputs_BxS, K, axis=0)
-  logits_fn, cache = make_logits_fn(
-      model, params, encoded_NxSxD, inputs_NxS,
-      init_cache(model, params, encoded_NxSxD, inputs_NxS, L))
+  first_len = min(L, first_cache_len(S))
+  # The encoder's keys/values are computed once per item, then repeated for
+  # the beams (batch-major: row b*K + k), as is everything else.
+  repeat = lambda x: x if x.ndim == 0 else jnp.repeat(x, K, axis=0)
+  cache = jax.tree.map(repeat, init_cache(model, params, encoded_BxSxD, inputs_BxS,
+                                          first_len))
+  logits_fn, cache = make_logits_fn(model, params, repeat(encoded_BxSxD),
+                                    repeat(inputs_BxS), cache)
   kw = dict(batch_size=B, max_len=max_len_B.astype(jnp.int32), out_len=L,
-            bos_id=cfg.bos_id, eos_id=cfg.eos_id if eos_id is None else eos_id)
+            bos_id=cfg.bos_id, eos_id=cfg.eos_id if eos_id is None else eos_id,
+            grow=(first_len, functools.partial(_grow_cache, length=L)))
   if mode == 'greedy':
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':
