@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.config import ModelConfig
+from transformer.mixed_precision import dense_dot_general
 
 Array = jax.Array
 
@@ -97,10 +98,12 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     dense = lambda name: nn.DenseGeneral(
         (cfg.num_heads, cfg.head_dim), dtype=cfg.compute_dtype,
-        kernel_init=nn.initializers.xavier_uniform(), name=name)
+        kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
+        name=name)
     merge_heads = lambda out_BxTxHxK: nn.DenseGeneral(  # Concat(head_1..head_h) W_O.
         cfg.d_model, axis=(-2, -1), dtype=cfg.compute_dtype,
-        kernel_init=nn.initializers.xavier_uniform(), name="out")(out_BxTxHxK)
+        kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
+        name="out")(out_BxTxHxK)
     q_BxTxHxK = dense("query")(x_BxTxD)
 
     if decode and not self.self_attention and self.has_variable("cache", "cached_key"):

@@ -16,6 +16,7 @@ import numpy as np
 from transformer import attention
 from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
+from transformer.mixed_precision import dense_dot_general
 
 Array = jax.Array
 
@@ -124,7 +125,7 @@ class FeedForward(nn.Module):
     cfg = self.config
     dense = lambda features, name: nn.Dense(
         features, dtype=cfg.compute_dtype, name=name,
-        kernel_init=nn.initializers.xavier_uniform())
+        kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general)
     h_BxTxF = getattr(jax.nn, cfg.activation)(dense(cfg.d_ff, "inner")(x_BxTxD))
     return dense(cfg.d_model, "outer")(h_BxTxF)
 
