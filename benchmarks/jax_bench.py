@@ -42,10 +42,12 @@ def page_faults():
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def matmul_peak(n=2048, repeats=5):
-  """FLOP/s of the best of `repeats` float32 [n, n] x [n, n] products (2 n^3 FLOPs)."""
-  a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.float32) for i in (0, 1))
-  dot = jax.jit(jnp.dot)
+def matmul_peak(n=2048, repeats=5, dtype="float32"):
+  """FLOP/s of the best of `repeats` [n, n] x [n, n] products (2 n^3 FLOPs) in
+  `dtype`, accumulated in float32 as the model's products are."""
+  a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.float32).astype(dtype)
+          for i in (0, 1))
+  dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
   dot(a, b).block_until_ready()
   best = float("inf")
   for _ in range(repeats):

@@ -9,7 +9,7 @@ CPU with torch.set_num_threads(cores). Both frameworks train on the same
 batches (TrainBatches over synthetic sentence-length examples, or Multi30k with
 --data_dir) and decode the same sources. Figures: compile time, step time
 (median), real target tokens/s, source+target tokens/s, analytic FLOPs per
-step (common.train_flops) and MFU against a float32 matmul peak measured in the
+step (common.train_flops) and MFU against a matmul peak (in the run's --dtype) measured in the
 same run, padding of the pipeline's batches, compiled shapes and recompiles,
 page faults and CPU seconds per step, greedy (both) and beam-4 (ours) decoding
 speed. The two frameworks alternate step by step, so that other processes'
@@ -52,12 +52,12 @@ TARGETS = (  # (description, figure key, threshold); ratios ours/PyTorch unless 
 )
 
 
-def measure_peak(peaks, use_torch, n):
-  """Appends a float32 matmul FLOP/s measurement per framework to `peaks`."""
-  peaks["ours"].append(jax_bench.matmul_peak(n))
+def measure_peak(peaks, use_torch, n, dtype):
+  """Appends a matmul FLOP/s measurement in `dtype` per framework to `peaks`."""
+  peaks["ours"].append(jax_bench.matmul_peak(n, dtype=dtype))
   if use_torch:
     from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
-    peaks["pytorch"].append(torch_bench.matmul_peak(n))
+    peaks["pytorch"].append(torch_bench.matmul_peak(n, dtype=dtype))
 
 
 def bench_size(size, examples, *, peaks, use_torch, max_extra_len):
@@ -81,7 +81,7 @@ def bench_size(size, examples, *, peaks, use_torch, max_extra_len):
   for i in range(len(batches)):
     for trainer in trainers:
       trainer.step(i)
-  measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048)
+  measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048, size.dtype)
   r = trainers[0].figures()
   ours.update(_train_figures(r))
   ours.update({
@@ -226,7 +226,8 @@ def print_table(results):
       other = res["pytorch"].get(key)
       rows.append((f"{size}: {key}", value, other, _ratio(value, other)))
   peak = results["matmul_peak_gflops"]
-  rows.append(("float32 matmul peak GFLOP/s", peak["ours"], peak["pytorch"],
+  dtype = results["meta"].get("dtype", "float32")
+  rows.append((f"{dtype} matmul peak GFLOP/s", peak["ours"], peak["pytorch"],
                _ratio(peak["ours"], peak["pytorch"])))
   fmt = lambda v: ("-" if v is None else f"{v:,.3g}" if isinstance(v, float)
                    else f"{v:,}" if isinstance(v, int) else str(v))
@@ -281,7 +282,7 @@ def main(argv=None):
   p.add_argument("--max_extra_len", type=int, default=50, help="output limit = source + this (6.1)")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="compute dtype of both sides (parameters stay float32; PyTorch: "
-                 "torch.autocast); MFU stays against the float32 matmul peak")
+                 "torch.autocast); MFU is against the matmul peak in that dtype")
   p.add_argument("--no_torch", action="store_true", help="our half only")
   p.add_argument("--malloc", choices=("compare", "skip"), default="compare",
                  help="also time our step in subprocesses with/without glibc hugetlb")
@@ -319,7 +320,7 @@ def main(argv=None):
   results = {"meta": {
       "device": str(jax.devices()[0]), "platform": platform.platform(),
       "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
-      "jax": jax.__version__,
+      "jax": jax.__version__, "dtype": args.dtype,
       **{k: os.environ.get(k, "") for k in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)},
       "data": args.data_dir or "synthetic", "max_extra_len": args.max_extra_len,
       "torch": use_torch and __import__("torch").__version__,
@@ -328,7 +329,7 @@ def main(argv=None):
   # The peak is measured before and after each size's training; the best one counts
   # (on a shared machine a measurement can only come out low, never high).
   peaks = {"ours": [], "pytorch": []}
-  measure_peak(peaks, use_torch, n)
+  measure_peak(peaks, use_torch, n, args.dtype)
   results["sizes"] = {}
   for size in sizes:
     t0 = time.perf_counter()

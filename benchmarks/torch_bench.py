@@ -67,9 +67,9 @@ def _schedule(d_model, warmup=4000):
   return lambda count: d_model**-0.5 * min((count + 1)**-0.5, (count + 1) * warmup**-1.5)
 
 
-def matmul_peak(n=2048, repeats=5):
-  """FLOP/s of the best of `repeats` float32 [n, n] x [n, n] torch.mm products."""
-  a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak(n=2048, repeats=5, dtype="float32"):
+  """FLOP/s of the best of `repeats` [n, n] x [n, n] torch.mm products in `dtype`."""
+  a, b = (torch.randn(n, n).to(getattr(torch, dtype)) for _ in range(2))
   torch.mm(a, b)
   best = float("inf")
   for _ in range(repeats):

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 _HALF = (jnp.bfloat16, jnp.float16)
 
 
-def _dot_f32(a, b, contract_a, contract_b, dtype):
+def dot_f32(a, b, contract_a, contract_b, dtype=jnp.float32):
+  """a . b over the given axes (no batch axes), accumulated in float32, as dtype."""
   out = jax.lax.dot_general(a, b, ((contract_a, contract_b), ((), ())),
                             preferred_element_type=jnp.float32)
   return out.astype(dtype)
@@ -32,7 +33,7 @@ def _axes(n_first, n_last, ndim):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _tensordot(x, w, n):
   """Contracts the last n axes of x with the first n of w (a Dense layer's product)."""
-  return _dot_f32(x, w, _axes(0, n, x.ndim)[1], _axes(n, 0, w.ndim)[0], x.dtype)
+  return dot_f32(x, w, _axes(0, n, x.ndim)[1], _axes(n, 0, w.ndim)[0], x.dtype)
 
 
 def _tensordot_fwd(x, w, n):
@@ -43,9 +44,9 @@ def _tensordot_bwd(n, residuals, g):
   x, w = residuals
   k = w.ndim - n  # output feature axes
   # dx[..., c] = sum_o g[..., o] w[c, o];  dw[c, o] = sum_... x[..., c] g[..., o].
-  dx = _dot_f32(g, w, _axes(0, k, g.ndim)[1], _axes(0, k, w.ndim)[1], x.dtype)
+  dx = dot_f32(g, w, _axes(0, k, g.ndim)[1], _axes(0, k, w.ndim)[1], x.dtype)
   lead = x.ndim - n
-  dw = _dot_f32(x, g, _axes(lead, 0, x.ndim)[0], _axes(lead, 0, g.ndim)[0], w.dtype)
+  dw = dot_f32(x, g, _axes(lead, 0, x.ndim)[0], _axes(lead, 0, g.ndim)[0], w.dtype)
   return dx, dw
 
 
