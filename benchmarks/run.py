@@ -178,26 +178,32 @@ def malloc_probe(size, steps, paused_steps):
                     "shape": list(batch["targets"].shape)}))
 
 
-TCMALLOC = runtime.find_tcmalloc()  # Debian/Ubuntu: apt install libtcmalloc-minimal4
-ALLOCATORS = {  # name -> environment of the child process.
-    "default malloc": {},
-    "hugetlb=1": {"GLIBC_TUNABLES": HUGETLB},
-    "tcmalloc": {"LD_PRELOAD": TCMALLOC},
+def allocators():
+  """name -> environment of the child process; the tcmalloc ones where it is installed.
+
+  Looked up when the comparison runs, after use_fast_malloc has checked
+  TRANSFORMER_TCMALLOC (a bad path then stops the command with one line).
+  """
+  envs = {"default malloc": {}, "hugetlb=1": {"GLIBC_TUNABLES": HUGETLB}}
+  tcmalloc = runtime.find_tcmalloc()  # Debian/Ubuntu: apt install libtcmalloc-minimal4
+  if tcmalloc:
+    envs["tcmalloc"] = {"LD_PRELOAD": tcmalloc}
     # What the commands use where tcmalloc is installed (transformer/runtime.py).
-    "tcmalloc, release 0": {"LD_PRELOAD": TCMALLOC, **runtime.TCMALLOC_ENV},
-}
+    envs["tcmalloc, release 0"] = {"LD_PRELOAD": tcmalloc, **runtime.TCMALLOC_ENV}
+  return envs
 
 
 def malloc_compare(size_arg, steps, paused_steps, rounds, names):
   """Our step in fresh processes per allocator, interleaved over `rounds` rounds so that
   a change in machine load hits every allocator alike; medians over all their steps."""
-  names = [n for n in names if "tcmalloc" not in n or TCMALLOC]
+  envs = allocators()
+  names = [n for n in names if n in envs]
   runs = {n: [] for n in names}
   for _ in range(rounds):
     for name in names:
       env = {k: v for k, v in os.environ.items()
              if k not in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)}
-      env.update(ALLOCATORS[name], TRANSFORMER_DEFAULT_MALLOC="1")  # No re-execution.
+      env.update(envs[name], TRANSFORMER_DEFAULT_MALLOC="1")  # No re-execution.
       cmd = [sys.executable, "-m", "benchmarks.run", "--malloc_probe", "--malloc_steps",
              str(steps), "--malloc_paused_steps", str(paused_steps)] + size_arg
       proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
@@ -215,7 +221,7 @@ def malloc_compare(size_arg, steps, paused_steps, rounds, names):
                  "cpu_s_per_step": median("cpu_s_per_step"),
                  "sys_s_per_step": median("sys_s_per_step"),
                  "page_faults_per_step": median("page_faults_per_step"),
-                 "env": ALLOCATORS[name], "shape": rs[0]["shape"]}
+                 "env": envs[name], "shape": rs[0]["shape"]}
   return out
 
 

@@ -53,9 +53,11 @@ def test_a_missing_tcmalloc_path_is_named(monkeypatch):
     runtime.fast_malloc_env({})
 
 
-def test_a_missing_tcmalloc_path_stops_the_command_with_its_name():
+@pytest.mark.parametrize("command", [["-c", SCRIPT],
+                                     ["-m", "benchmarks.run", "--smoke", "--no_torch"]])
+def test_a_missing_tcmalloc_path_stops_the_command_with_its_name(command):
   base = {k: v for k, v in os.environ.items() if k not in OURS}
-  out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True,
+  out = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
                        env={**base, "TRANSFORMER_TCMALLOC": "/nonexistent/libtcmalloc.so"})
   assert out.returncode != 0 and not out.stdout
   assert "TRANSFORMER_TCMALLOC='/nonexistent/libtcmalloc.so'" in out.stderr
