@@ -81,3 +81,10 @@ def test_other_forms_pass_through():
   out = dense_dot_general(a, b, dims)
   assert out.dtype == jnp.bfloat16 and out.shape == (2, 3, 5)
   np.testing.assert_array_equal(out, jax.lax.dot_general(a, b, dims))
+  # A Dense product that asks for a precision keeps it: lax.dot_general's path.
+  x, w = (v.astype(jnp.bfloat16) for v in inputs((3, 5, 8), (8, 6)))
+  highest = jax.lax.Precision.HIGHEST
+  text = jax.jit(lambda x, w: dense_dot_general(x, w, dense_dims(3, 1), precision=highest)
+                 ).lower(x, w).as_text()
+  assert "HIGHEST" in text and "f32" not in re.findall(
+      r"stablehlo\.dot_general.*?->\s*tensor<[^>]*x(\w+)>", text)

@@ -25,15 +25,18 @@ def dot_f32(a, b, contract_a, contract_b, dtype=jnp.float32):
   return out.astype(dtype)
 
 
-def _axes(n_first, n_last, ndim):
-  """(the first n_first axes, the last n_last axes) of an ndim-array."""
-  return tuple(range(n_first)), tuple(range(ndim - n_last, ndim))
+def _first(n):
+  return tuple(range(n))
+
+
+def _last(n, ndim):
+  return tuple(range(ndim - n, ndim))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _tensordot(x, w, n):
   """Contracts the last n axes of x with the first n of w (a Dense layer's product)."""
-  return dot_f32(x, w, _axes(0, n, x.ndim)[1], _axes(n, 0, w.ndim)[0], x.dtype)
+  return dot_f32(x, w, _last(n, x.ndim), _first(n), x.dtype)
 
 
 def _tensordot_fwd(x, w, n):
@@ -44,9 +47,9 @@ def _tensordot_bwd(n, residuals, g):
   x, w = residuals
   k = w.ndim - n  # output feature axes
   # dx[..., c] = sum_o g[..., o] w[c, o];  dw[c, o] = sum_... x[..., c] g[..., o].
-  dx = dot_f32(g, w, _axes(0, k, g.ndim)[1], _axes(0, k, w.ndim)[1], x.dtype)
+  dx = dot_f32(g, w, _last(k, g.ndim), _last(k, w.ndim), x.dtype)
   lead = x.ndim - n
-  dw = dot_f32(x, g, _axes(lead, 0, x.ndim)[0], _axes(lead, 0, g.ndim)[0], w.dtype)
+  dw = dot_f32(x, g, _first(lead), _first(lead), w.dtype)
   return dx, dw
 
 
@@ -59,15 +62,16 @@ def dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
 
   Takes the half-precision path only for the Dense form (the last n axes of lhs
   against the first n of rhs, no batch axes) with both inputs of one half
-  dtype; anything else is jax.lax.dot_general unchanged.
+  dtype and no precision asked for; anything else is jax.lax.dot_general
+  unchanged.
   """
   (contract_l, contract_r), (batch_l, batch_r) = dimension_numbers
   n = len(contract_l)
   dense_form = (not batch_l and not batch_r
-                and tuple(contract_l) == _axes(0, n, lhs.ndim)[1]
-                and tuple(contract_r) == _axes(n, 0, rhs.ndim)[0])
+                and tuple(contract_l) == _last(n, lhs.ndim)
+                and tuple(contract_r) == _first(n))
   if (dense_form and lhs.dtype == rhs.dtype and lhs.dtype in _HALF
-      and preferred_element_type in (None, lhs.dtype)):
+      and precision is None and preferred_element_type in (None, lhs.dtype)):
     return _tensordot(lhs, rhs, n)
   return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                              preferred_element_type=preferred_element_type, **kwargs)
