@@ -15,14 +15,38 @@ def count(config):
   return sum(c for _, _, c in parameter_rows(parameter_shapes(model_config(config))))
 
 
+def expected_count(config):
+  """The paper's architecture counted by hand: the embedding V*D once (shared, tied,
+  no output bias); 4 D^2 per attention (W^Q, W^K, W^V, W^O, no biases: 3.2.2);
+  2 D d_ff + d_ff + D per FFN; 2 D per LayerNorm; encoder layers hold one
+  attention and two LayerNorms, decoder layers two and three."""
+  m, V = config.model, config.data.vocab_size
+  D, F, N = m.d_model, m.d_ff, m.num_layers
+  attention = 4 * D * D + (4 * D if m.attention_bias else 0)
+  ffn = 2 * D * F + F + D
+  return V * D + N * (attention + ffn + 2 * 2 * D) + N * (2 * attention + ffn + 3 * 2 * D)
+
+
 def test_base_and_big_parameter_counts_match_the_paper():
-  # Table 3: base 65M, big 213M with the shared ~37k vocabulary. Ours: embedding
-  # V*D once (shared, tied), 4 D^2 + 4 D per attention, 2 D d_ff + d_ff + D per FFN,
-  # 2 D per LayerNorm; no bias on the tied output.
+  # Table 3: base 65M, big 213M with the shared ~37k vocabulary.
   n_base, n_big = count(base.get_config()), count(big.get_config())
-  assert n_base == 63_082_496
+  assert n_base == expected_count(base.get_config()) == 63_045_632
+  assert n_big == expected_count(big.get_config()) == 214_171_648
   assert 63e6 * 0.98 <= n_base <= 65e6 * 1.02
   assert abs(n_big - 213e6) / 213e6 <= 0.02
+  biased = base.get_config()
+  biased.model.attention_bias = True  # 4 D more per attention, 18 attentions.
+  assert count(biased) == expected_count(biased) == 63_045_632 + 18 * 4 * 512
+
+
+@pytest.mark.parametrize("get_config,seconds_per_step,averaged", [
+    (base.get_config, 0.4, 5), (big.get_config, 1.0, 20)])
+def test_checkpoint_cadence_is_the_papers(get_config, seconds_per_step, averaged):
+  """Section 6.1: checkpoints every 10 minutes, the last 5 (base) / 20 (big) averaged;
+  section 5.2: 0.4 s (base) / 1.0 s (big) a step."""
+  config = get_config()
+  assert config.train.checkpoint_every * seconds_per_step == pytest.approx(600, rel=0.01)
+  assert config.train.keep_checkpoints == averaged
 
 
 def test_summary_command_prints_total_last():
@@ -30,7 +54,7 @@ def test_summary_command_prints_total_last():
                         "configs/base.py"], capture_output=True, text=True, check=True)
   last = out.stdout.strip().splitlines()[-1]
   assert re.fullmatch(r"Total parameters: [\d,]+", last)
-  assert int(last.split(":")[1].replace(",", "")) == 63_082_496
+  assert int(last.split(":")[1].replace(",", "")) == 63_045_632
   assert "encoder/layer_0/self_attention" in out.stdout
 
 

@@ -82,7 +82,8 @@ def _heads_major(x_BxSxHxK):
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O (section 3.2.2).
 
-  W_Q, W_K, W_V are each one D x (H*K) matrix viewed as H heads of size K.
+  W_Q, W_K, W_V are each one D x (H*K) matrix viewed as H heads of size K; like
+  W_O they have no bias unless config.attention_bias (the paper's have none).
   With `decode=True`, self-attention appends each step's key/value to a cache of
   the length it was created with; cross-attention computes the encoder's keys and
   values when the cache is created and reuses them at every step. Cached keys
@@ -97,11 +98,11 @@ class MultiHeadAttention(nn.Module):
                decode: bool = False, decode_step: Optional[Array] = None):
     cfg = self.config
     dense = lambda name: nn.DenseGeneral(
-        (cfg.num_heads, cfg.head_dim), dtype=cfg.compute_dtype,
+        (cfg.num_heads, cfg.head_dim), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
         kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
         name=name)
     merge_heads = lambda out_BxTxHxK: nn.DenseGeneral(  # Concat(head_1..head_h) W_O.
-        cfg.d_model, axis=(-2, -1), dtype=cfg.compute_dtype,
+        cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
         kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
         name="out")(out_BxTxHxK)
     q_BxTxHxK = dense("query")(x_BxTxD)

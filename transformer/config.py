@@ -32,6 +32,7 @@ class ModelConfig:
   num_heads: int = 8  # h; d_k = d_v = d_model / h (3.2.2).
   dropout: float = 0.1  # P_drop (5.4).
   attention_dropout: float = 0.0  # On attention probabilities; not in the paper.
+  attention_bias: bool = False  # W^Q, W^K, W^V, W^O are plain matrices (3.2.2).
   activation: str = "relu"  # FFN(x) = max(0, x W1 + b1) W2 + b2 (3.3).
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as the paper.
   positional: str = "sinusoidal"  # Section 3.5; "learned" is Table 3 row (E).

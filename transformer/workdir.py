@@ -34,7 +34,11 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir?")
   with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+    values = json.load(f)
+  # Workdirs written before config.model.attention_bias existed were trained with
+  # biased attention projections (Flax's default then).
+  values.get("model", {}).setdefault("attention_bias", True)
+  return ml_collections.ConfigDict(values)
 
 
 def load_tokenizer(workdir: str, config) -> tokenizer_lib.Tokenizer:
