@@ -12,14 +12,14 @@ TEXTS = ['a small dog runs on the grass', 'ein kleiner Hund rennt auf dem Gras',
 
 
 def _config(**kw):
-  c = ml_collections.ConfigDict({'vocab_path': None, 'vocab_type': 'bpe', 'vocab_size': 60})
+  c = ml_collections.ConfigDict({'vocab_path': None, 'vocab_type': 'bpe', 'vocab_size': 300})
   c.update(kw)
   return c
 
 
 @pytest.fixture(scope='module')
 def bpe():
-  return tok_lib.train(TEXTS, 'bpe', 60)
+  return tok_lib.train(TEXTS, 'bpe', 300)
 
 
 def test_special_ids_are_fixed_and_distinct(bpe):
@@ -39,10 +39,41 @@ def test_round_trip_and_no_specials_in_encode(bpe):
   assert bpe.encode_batch([text, 'dog']) == [ids, bpe.encode('dog')]
 
 
-def test_unseen_characters_become_unk(bpe):
-  ids = bpe.encode('dog 犬 ☃')
-  assert tok_lib.UNK_ID in ids
-  assert all(0 <= i < bpe.vocab_size for i in ids)
+# Characters that SentencePiece's default NFKC normalization rewrites (ligature,
+# vulgar fraction, no-break space, full-width letter, superscript), and ones
+# never seen in training (CJK, symbol, emoji, combining accent, RTL script).
+FIDELITY_TEXTS = ['a ﬁne dog runs ½ way', 'two\u00a0dogs play in Ｓnow²',
+                  'dog 犬 ☃ 🐕 in the grass', 'e\u0301te\u0301 über Straße', 'كلب on the snow']
+
+
+@pytest.mark.parametrize('vocab_type', ['bpe', 'unigram'])
+def test_detokenize_encode_is_identity_on_any_characters(vocab_type):
+  """Outputs are scored against references as written: no normalization, and byte
+  fallback instead of UNK (the default NFKC model fails every line here)."""
+  tok = tok_lib.train(TEXTS, vocab_type, 300)
+  for text in FIDELITY_TEXTS:
+    ids = tok.encode(text)
+    assert tok_lib.UNK_ID not in ids, text
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == text
+    assert tok.decode(ids + [tok_lib.EOS_ID, 5]) == text
+  # Runs of spaces collapse (sacreBLEU's tokenizers ignore them too).
+  assert tok.decode(tok.encode(' two  dogs ')) == 'two dogs'
+
+
+def test_default_sentencepiece_normalization_would_fail_fidelity():
+  """The check above can fail: SentencePiece's defaults rewrite these texts."""
+  import io  # pylint: disable=g-import-not-at-top
+  proto = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS), model_writer=proto,
+                                 vocab_size=60, hard_vocab_limit=False, minloglevel=2)
+  sp = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+  assert all(sp.decode(sp.encode(t)) != t for t in FIDELITY_TEXTS)
+
+
+def test_word_vocabulary_maps_unseen_words_to_unk():
+  word = tok_lib.train(['walk left twice'], 'word', 32)
+  assert word.encode('walk 犬') == [word.encode('walk')[0], tok_lib.UNK_ID]
 
 
 def test_word_vocabulary_for_scan():
@@ -53,9 +84,9 @@ def test_word_vocabulary_for_scan():
 
 
 def test_training_is_deterministic(bpe):
-  assert tok_lib.train(TEXTS, 'bpe', 60).model_proto == bpe.model_proto
-  small = tok_lib.train(TEXTS, 'unigram', 40, max_sentences=7)
-  assert small.model_proto == tok_lib.train(TEXTS, 'unigram', 40, max_sentences=7).model_proto
+  assert tok_lib.train(TEXTS, 'bpe', 300).model_proto == bpe.model_proto
+  small = tok_lib.train(TEXTS, 'unigram', 290, max_sentences=7)
+  assert small.model_proto == tok_lib.train(TEXTS, 'unigram', 290, max_sentences=7).model_proto
 
 
 def test_load_or_train_saves_then_reuses(tmp_path):
@@ -72,7 +103,9 @@ def test_load_or_train_saves_then_reuses(tmp_path):
 
 def test_bad_inputs(tmp_path):
   with pytest.raises(ValueError, match='vocab_type'):
-    tok_lib.train(TEXTS, 'char-ish', 60)
+    tok_lib.train(TEXTS, 'char-ish', 300)
+  with pytest.raises(ValueError, match='vocab_size=60 is too small .* 256 byte pieces'):
+    tok_lib.train(TEXTS, 'bpe', 60)
   with pytest.raises(FileNotFoundError, match='nope.model'):
     tok_lib.load_or_train(_config(vocab_path=str(tmp_path / 'nope.model')), str(tmp_path), [])
   # A model with SentencePiece's default ids (unk=0, no pad) is refused.

@@ -21,6 +21,7 @@ def test_label_smoothed_loss_by_hand():
   def smoothed(row, target):
     logz = math.log(sum(math.exp(v) for v in row))
     logp = [v - logz for v in row]
+    # Szegedy et al.'s smoothing: eps / V on every class, PAD (id 0) included.
     q = [eps / 4 + (1 - eps) * (i == target) for i in range(4)]
     return -sum(qi * lp for qi, lp in zip(q, logp)), -logp[target]
 

@@ -16,7 +16,8 @@ def cross_entropy_sums(logits_BxTxV, targets_BxT, weights_BxT, label_smoothing=0
 
   Returns a dict of float32 scalars: `loss` (label-smoothed cross-entropy: the
   target distribution puts 1 - eps on the reference token and eps spread evenly
-  over the whole vocabulary, Szegedy et al. 2016 as cited in 5.4), `nll` (the
+  over the whole vocabulary, PAD included, Szegedy et al. 2016 as cited in 5.4;
+  tensor2tensor and fairseq spread it over the V - 1 other classes), `nll` (the
   unsmoothed negative log-likelihood, for perplexity), `correct` (tokens whose
   reference has the largest logit) and `tokens` (the number of real tokens).
   Logits are float32 (see model.py). Differentiable in the logits only.

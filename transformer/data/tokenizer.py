@@ -1,6 +1,16 @@
-"""SentencePiece tokenizer with fixed special ids, trained in-process on a shared vocabulary."""
+"""SentencePiece tokenizer with fixed special ids, trained in-process on a shared vocabulary.
+
+Text is not normalized (SentencePiece's 'identity' rule, not its default NFKC), and
+bpe/unigram vocabularies fall back to UTF-8 bytes for characters unseen in
+training. Outputs are scored against references as written, so the model must be
+able to emit every character a reference can hold: under NFKC "ﬁ" came out as
+"fi" and "½" as "1⁄2", and an unseen character as "⁇", each a silent BLEU loss.
+Runs of spaces still collapse to one, which sacreBLEU's tokenizers ignore.
+Word vocabularies (SCAN) have no byte pieces: an unseen word is UNK.
+"""
 import io
 import os
+import re
 
 import numpy as np
 import sentencepiece as spm
@@ -75,14 +85,25 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
     texts = [texts[i] for i in np.sort(keep)]
   spm.set_random_generator_seed(seed)
   proto = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts), model_writer=proto,
-      model_type=vocab_type, vocab_size=vocab_size,
-      hard_vocab_limit=False,  # Small corpora (SCAN words) have fewer pieces than asked.
-      pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-      input_sentence_size=0, shuffle_input_sentence=False,  # Sampled above already.
-      num_threads=TRAIN_THREADS,
-      minloglevel=2)
+  byte_fallback = vocab_type != 'word'
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=proto,
+        model_type=vocab_type, vocab_size=vocab_size,
+        hard_vocab_limit=False,  # Small corpora (SCAN words) have fewer pieces than asked.
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        normalization_rule_name='identity', byte_fallback=byte_fallback,
+        input_sentence_size=0, shuffle_input_sentence=False,  # Sampled above already.
+        num_threads=TRAIN_THREADS,
+        minloglevel=2)
+  except RuntimeError as e:
+    if 'Vocabulary size is smaller than required_chars' not in str(e):
+      raise
+    needed = re.search(r'\d+ vs (\d+)', str(e))
+    raise ValueError(
+        f'vocab_size={vocab_size} is too small for a {vocab_type} vocabulary of this '
+        'text: it must hold the 256 byte pieces, the special ids and every character '
+        f'of the text, {needed.group(1) if needed else "more"} pieces at least') from e
   return Tokenizer(proto.getvalue())
 
 
