@@ -153,15 +153,100 @@ def test_beam_matches_exhaustive_search():
                                    scores_BxK[b, k], rtol=1e-5)
 
 
+def reference_beam(logp_TxHxV, item, K, alpha, max_len):
+  """Beam search over the toy, written out in numpy with the same pruning as
+  decode.beam_search (top 2K extensions; the K best non-EOS stay alive; EOS
+  extensions ranked in the top K compete for the K finished slots) but no early
+  stop: every item runs to max_len. -> ([(score, seq)] best first, K of them;
+  the first step after which no alive beam could still reach the worst
+  (`stop_all`) or the best (`stop_best`) finished score)."""
+  neg = -np.inf
+  alive = [(0.0, [], item)] + [(neg, [], item)] * (K - 1)  # (logp, seq, hash)
+  finished = []  # (score, seq), at most K, best first
+  stop_all = stop_best = max_len
+  for t in range(max_len):
+    cands = []
+    for k, (logp, seq, h) in enumerate(alive):
+      h2 = (h * 7 + (seq[-1] if seq else BOS) + 1) % H
+      for v in range(V):
+        cands.append((np.float32(logp) + logp_TxHxV[t, h2, v], k * V + v, seq + [v], h2))
+    cands.sort(key=lambda c: (-c[0], c[1]))  # top_k: ties to the lower index
+    cands = cands[:2 * K]
+    alive = [(c[0], c[2], c[3]) for c in cands if c[2][-1] != EOS][:K]
+    new = [(c[0] / lp(t + 1, alpha), c[2]) for c in cands[:K]
+           if c[2][-1] == EOS and c[0] > neg]
+    finished = sorted(finished + new, key=lambda f: -f[0])[:K]  # stable: old first
+    reachable = alive[0][0] / lp(max_len, alpha)
+    if finished and finished[0][0] > reachable:
+      stop_best = min(stop_best, t + 1)
+    if len(finished) == K and finished[-1][0] > reachable:
+      stop_all = min(stop_all, t + 1)
+  alive_scored = [(logp / lp(max_len, alpha), seq) for logp, seq, _ in alive]
+  return (finished + alive_scored)[:K], stop_all, stop_best
+
+
+def test_beam_equals_search_without_early_stopping():
+  """K < the candidates, so beams are pruned and items stop early: the result
+  must still be that of the same pruned search run to max_len. The stopping
+  rule must bound what an alive beam can still reach at a longer length (its
+  larger length penalty can lift its score): a rule comparing the best finished
+  score with the alive beams' scores as they stand returned a worse hypothesis
+  for some of these items."""
+  B, L = H, 6
+
+  def toy_logits_fn(table):
+    def logits_fn(ids_Nx1, cache, step):
+      h_Nx1 = (cache['h'] * 7 + ids_Nx1 + 1) % H
+      return table[cache['i'], h_Nx1[:, 0]], {'h': h_Nx1, 'i': cache['i'] + 1}
+    return logits_fn
+
+  @functools.partial(jax.jit, static_argnames=('K', 'best_only'))
+  def search(table, alpha, K, best_only):
+    return decode.beam_search(toy_logits_fn(table), toy_cache(B, K), batch_size=B,
+                              beam_size=K, alpha=alpha, max_len=L, bos_id=BOS,
+                              eos_id=EOS, best_only=best_only)
+
+  checked = stops_early = 0
+  for seed in range(4):
+    r = np.random.RandomState(100 + seed)
+    table_TxHxV = (2.0 * r.randn(L, H, V)).astype(np.float32)
+    table_TxHxV[..., PAD] = -np.inf
+    table_TxHxV[..., EOS] += r.uniform(-2.0, 2.0)  # finish early in some tables, late in others
+    logp_TxHxV = np.asarray(jax.nn.log_softmax(jnp.asarray(table_TxHxV), axis=-1))
+    for K in (2, 3, 4):
+      for alpha in (0.6, 1.5):
+        refs = [reference_beam(logp_TxHxV, b, K, alpha, L) for b in range(B)]
+        for best_only in (False, True):
+          ids_BxKxL, scores_BxK = search(jnp.asarray(table_TxHxV), alpha, K=K,
+                                         best_only=best_only)
+          rows = 1 if best_only else K
+          for b, (ref, stop_all, stop_best) in enumerate(refs):
+            np.testing.assert_allclose(scores_BxK[b, :rows], [sc for sc, _ in ref[:rows]],
+                                       rtol=1e-5, err_msg=f'seed {seed} K {K} item {b}')
+            for k in range(rows):
+              assert [int(x) for x in strip(ids_BxKxL[b, k])] == ref[k][1]
+            stops_early += (stop_best if best_only else stop_all) < L
+            checked += 1
+  assert checked == 4 * 3 * 2 * 2 * B
+  assert stops_early > checked // 4  # The early stop is exercised, not only max_len.
+
+
 def test_beam_size_one_equals_greedy():
+  """Without a length penalty, beam 1 is greedy. With one, greedy's output is
+  among the single beam's finished candidates, so beam 1 scores at least as well
+  (it may run past the EOS that greedy stops at)."""
   for seed in (4, 5):
-    logits_fn, _ = make_toy(seed)
+    logits_fn, np_logp = make_toy(seed)
     kw = dict(batch_size=6, max_len=7, bos_id=BOS, eos_id=EOS)
     greedy = decode.greedy_search(logits_fn, toy_cache(6), **kw)
-    for alpha in (0.0, 0.6):
-      ids_BxKxL, _ = decode.beam_search(logits_fn, toy_cache(6), beam_size=1,
-                                        alpha=alpha, **kw)
-      np.testing.assert_array_equal(ids_BxKxL[:, 0], greedy)
+    ids_BxKxL, _ = decode.beam_search(logits_fn, toy_cache(6), beam_size=1, alpha=0.0, **kw)
+    np.testing.assert_array_equal(ids_BxKxL[:, 0], greedy)
+    ids_BxKxL, scores_BxK = decode.beam_search(logits_fn, toy_cache(6), beam_size=1,
+                                               alpha=0.6, **kw)
+    for b in range(6):
+      g = strip(greedy[b])
+      if g[-1] == EOS:
+        assert scores_BxK[b, 0] >= np_logp(b, g) / lp(len(g), 0.6) - 1e-5
 
 
 def test_beam_batch_items_independent_and_jit():
@@ -370,10 +455,10 @@ def test_model_beam_size_one_equals_greedy():
   np.testing.assert_array_equal(decode_jit(mode='beam', beam_size=1, eos_id=M_V, **kw),
                                 greedy)
   assert [int(np.sum(r != 0)) for r in np.asarray(greedy)] == [16, 15]
-  # With the real EOS too.
+  # With the real EOS too (alpha = 0: a length penalty lets one beam run past an EOS).
   greedy = decode_jit(mode='greedy', eos_id=M_EOS, **kw)
   np.testing.assert_array_equal(
-      decode_jit(mode='beam', beam_size=1, alpha=0.6, eos_id=M_EOS, **kw), greedy)
+      decode_jit(mode='beam', beam_size=1, alpha=0.0, eos_id=M_EOS, **kw), greedy)
 
 
 def test_model_beam_batch_items_independent_of_padding():

@@ -169,11 +169,12 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   EOS: those stay alive; an EOS extension that ranks among the top K of the
   step competes for the K finished slots (lower-ranked ones would not have
   been in the beam, as in fairseq). A batch item stops (its state is frozen)
-  at its max_len; when no alive beam can beat its worst finished one (alive
-  log-probs only decrease, so best_alive_logp / max(lp over the remaining
-  lengths) bounds any future score); or, as greedy search does, once its K
-  finished slots are full and the best of them beats every alive hypothesis as
-  it stands. With K = 1 this is exactly greedy search.
+  at its max_len, or once no alive beam can ever beat its worst finished one:
+  alive log-probs only fall and, for alpha >= 0, lp grows with the length, so
+  best_alive_logp / lp(max_len) bounds any score still to come (the admissible
+  rule of tensor2tensor's beam search). The result is then the one of a search
+  that runs every item to its max_len. With K = 1 and alpha = 0 this is greedy
+  search; with alpha > 0 the single beam may run past an EOS greedy stops at.
   With best_only, only row 0 of each item is wanted: an item also stops once
   its best finished hypothesis beats that bound, even with empty finished
   slots (row 0 is then final; the other rows may not be the K best).
@@ -186,22 +187,17 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   max_len_B, L = _row_limits(max_len, B, out_len)
 
   def stop_fn(s):
-    fin_worst_B = jnp.min(jnp.where(s['fin_ok'], s['fin_score'], NEG_INF), axis=1)
     live_best_B = s['live_logp'][:, 0]
     # Future finished lengths lie in [t+1, max_len]; lp is monotone, so the
     # largest penalty (the best score for logp < 0) is at one end.
     lp_best_B = jnp.maximum(length_penalty(s['t'] + 1, alpha),
                             length_penalty(max_len_B, alpha))
-    fin_best_B = jnp.max(jnp.where(s['fin_ok'], s['fin_score'], NEG_INF), axis=1)
-    # As greedy search does: once the K finished slots are full, stop when the
-    # best finished hypothesis beats every alive one as it stands (t tokens).
-    beaten_now_B = (jnp.all(s['fin_ok'], axis=1)
-                    & (fin_best_B >= live_best_B / length_penalty(s['t'], alpha)))
-    # With best_only, the top hypothesis alone must be final: no alive beam
-    # can ever beat the best finished one (the same bound).
-    fin_bound_B = fin_best_B if best_only else fin_worst_B
-    return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF) | beaten_now_B
-            | (fin_bound_B > live_best_B / lp_best_B))
+    fin_B = (jnp.max if best_only else jnp.min)(
+        jnp.where(s['fin_ok'], s['fin_score'], NEG_INF), axis=1)
+    # Without best_only all K finished hypotheses must be final (the worst one
+    # beats the bound; an empty slot is -inf); with it, the best one alone.
+    return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF)
+            | (fin_B > live_best_B / lp_best_B))
 
   def done_fn(s):
     # Sticky: the tests above depend on t, and a stopped item's state is frozen,
