@@ -127,12 +127,79 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, da
   training.train_and_evaluate(tiny_config(data_dir, num_steps=10, eval_every=100), workdir)
   config = tiny_config(data_dir, num_steps=30, eval_every=100, checkpoint_every=5)
   config.optim.learning_rate_scale = 1e30  # Diverges at once.
-  with pytest.raises(FloatingPointError, match=r"training loss is (nan|inf) at step 1[1-5].*"
-                     r"last good checkpoint is step 10"):
+  with pytest.raises(FloatingPointError, match=r"training (loss|update norm|param norm) is "
+                     r"(nan|inf) at step 1[1-5].*last good checkpoint is step 10"):
     training.train_and_evaluate(config, workdir)
   state, _, step = restore_params(workdir, config)
   assert step == 10
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
+
+
+def test_update_that_blows_up_parameters_is_never_saved(tmp_path, data_dir, monkeypatch):
+  """The loss is computed before a step's update: an update that makes the
+  parameters infinite at a checkpoint (and decode) step has a finite loss. The
+  guard also checks the norms after the update, so neither the checkpoint nor
+  the 'best' checkpoint of that step is written."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from transformer import optim  # pylint: disable=g-import-not-at-top
+  make_optimizer = optim.make_optimizer
+
+  def blowing_up_at_update_8(config, d_model):  # The update of step 8 is scaled by inf.
+    return optax.chain(make_optimizer(config, d_model), optax.scale_by_schedule(
+        lambda count: jnp.where(count == 7, jnp.inf, 1.0)))
+
+  monkeypatch.setattr(optim, "make_optimizer", blowing_up_at_update_8)
+  workdir = str(tmp_path / "blowup")
+  config = tiny_config(data_dir, num_steps=12, eval_every=100, log_every=100,
+                       checkpoint_every=4, decode_every=4, decode_examples=20)
+  with pytest.raises(FloatingPointError, match=r"training (param|update) norm is (nan|inf) "
+                     r"at step 8.*last good checkpoint is step 4"):
+    training.train_and_evaluate(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]
+  assert os.listdir(os.path.join(workdir, "checkpoints_best")) in (["4"], [])
+  state, _, step = restore_params(workdir, config)
+  assert step == 4
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
+
+
+def test_evaluation_rows_are_split_over_hosts(data_dir, monkeypatch):
+  """With H hosts, each places its own 1/H of every evaluation batch's rows: the
+  hosts' token counts add up to the single-host count (each host passing the
+  whole batch counted every row H times). Two hosts are stood in for by
+  evaluating as process 0 and then as process 1 of 2."""
+  config = tiny_config(data_dir)
+  mesh = sharding.make_mesh(jax.devices()[:1])
+  model, tx, _, shardings = training.build(config, 23, mesh)
+  params = training.init_state(model, tx, config, shardings).params
+  _, eval_fn = training.compile_steps(model, tx, config, mesh, shardings)
+  rng = np.random.default_rng(0)
+  examples = [(rng.integers(4, 23, size=n).astype(np.int32),
+               rng.integers(4, 23, size=n + 2).astype(np.int32)) for n in range(1, 30)]
+  whole = training.evaluate_loss(eval_fn, params, examples, config, mesh)
+  assert whole["tokens"] == sum(len(t) for _, t in examples)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  shares = []
+  for host in (0, 1):
+    monkeypatch.setattr(jax, "process_index", lambda host=host: host)
+    shares.append(training.evaluate_loss(eval_fn, params, examples, config, mesh))
+  assert shares[0]["tokens"] + shares[1]["tokens"] == whole["tokens"]
+  assert 0 < shares[0]["tokens"] < whole["tokens"]
+  nll = sum(m["nll"] * m["tokens"] for m in shares) / whole["tokens"]
+  np.testing.assert_allclose(nll, whole["nll"], rtol=1e-5)
+
+
+def test_host_rows_give_each_row_to_one_host(monkeypatch):
+  batch = {"inputs": np.arange(12).reshape(6, 2), "targets": np.arange(6)}
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  seen = []
+  for host in range(3):
+    monkeypatch.setattr(jax, "process_index", lambda host=host: host)
+    share = sharding.host_rows(batch)
+    np.testing.assert_array_equal(share["inputs"][:, 0] // 2, share["targets"])
+    seen += share["targets"].tolist()
+  assert seen == list(range(6))
+  with pytest.raises(ValueError, match="7 rows does not split over 3 hosts"):
+    sharding.host_rows({"inputs": np.zeros((7, 2))})
 
 
 def test_sharded_step_equals_single_device():

@@ -5,6 +5,7 @@
 
 import functools
 import json
+import math
 import os
 import time
 
@@ -145,10 +146,11 @@ def init_state(model, tx, config, shardings):
 def evaluate_loss(eval_fn, params, examples, config, mesh):
   """Teacher-forced loss, perplexity and token accuracy over `examples`."""
   totals = None
+  # Every host builds the same batches and places its own share of their rows.
   for _, batch in data_lib.eval_batches(examples, config.data.tokens_per_batch,
-                                        batch_multiple=mesh.size,
+                                        batch_multiple=math.lcm(mesh.size, jax.process_count()),
                                         max_length=config.data.max_length):
-    sums = eval_fn(params, sharding.place_batch(batch, mesh))
+    sums = eval_fn(params, sharding.place_batch(sharding.host_rows(batch), mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   metrics = {k: float(v) for k, v in losses.normalize(jax.device_get(totals)).items()}
   metrics["perplexity"] = float(np.exp(min(metrics["nll"], 50.0)))
@@ -215,14 +217,21 @@ class _Progress:
       self.writer.flush()
 
 
+# The loss is computed before a step's update and the norms after it: a finite
+# loss alone would let an update that blows the parameters up be saved.
+_FINITE_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")
+
+
 def _check_finite(step, metrics_list, checkpointer):
   for i, m in enumerate(metrics_list):
-    if not np.isfinite(m["loss"]):
+    bad = [k for k in _FINITE_METRICS if not np.isfinite(m[k])]
+    if bad:
       last = checkpointer.latest_step()
       raise FloatingPointError(
-          f"training loss is {m['loss']} at step {step - len(metrics_list) + i + 1}; "
-          f"stopping. The last good checkpoint is step {last} in {checkpointer.directory} "
-          "(lower optim.learning_rate_scale or set optim.grad_clip_norm).")
+          f"training {bad[0].replace('_', ' ')} is {m[bad[0]]} at step "
+          f"{step - len(metrics_list) + i + 1}; stopping. The last good checkpoint is step "
+          f"{last} in {checkpointer.directory} (lower optim.learning_rate_scale or set "
+          "optim.grad_clip_norm).")
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -268,38 +277,45 @@ def train_and_evaluate(config, workdir: str) -> dict:
                                         config.optim.learning_rate_scale)
   progress = _Progress(workdir, config.train.num_steps, start)
   pending, eval_metrics = [], {}
-  for step in range(start + 1, config.train.num_steps + 1):
-    waited = time.perf_counter()
-    batch = sharding.place_batch(next(data.train_batches), mesh)
-    progress.input_wait += time.perf_counter() - waited
-    state, metrics = train_fn(state, batch)
-    pending.append(metrics)
-    last = step == config.train.num_steps
-    if step % config.train.log_every == 0 or last or step % config.train.checkpoint_every == 0:
-      pending = jax.device_get(pending)
-      _check_finite(step, pending, checkpointer)
-      if step % config.train.log_every == 0 or last:
-        progress.log_train(step, pending, float(schedule(step - 1)))
-      pending = []
-    if step % config.train.eval_every == 0 or last:
-      eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config, mesh)
-      progress.log_eval(step, eval_metrics)
-    if config.train.decode_every and (step % config.train.decode_every == 0 or last):
-      decoded, hypotheses = evaluate_lib.evaluate_examples(
-          model, state.params, decode_examples, decode_references,
-          data.tokenizer, config, mesh, mode=config.train.decode_mode,
-          beam_size=config.decode.beam_size, alpha=config.decode.alpha,
-          max_extra_len=config.decode.max_extra_len)
-      progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
-      eval_metrics[best_metric] = decoded[best_metric]
-      previous = best.best_value(best_metric)
-      if previous is None or decoded[best_metric] > previous:
-        best.save(step, state, data.train_batches.get_state(),
-                  metrics={best_metric: float(decoded[best_metric])})
-    if step % config.train.checkpoint_every == 0 or last:
-      checkpointer.save(step, state, data.train_batches.get_state())
-  checkpointer.close()
-  best.close()
-  if hasattr(data.train_batches, "close"):
-    data.train_batches.close()
+  try:
+    for step in range(start + 1, config.train.num_steps + 1):
+      waited = time.perf_counter()
+      batch = sharding.place_batch(next(data.train_batches), mesh)
+      progress.input_wait += time.perf_counter() - waited
+      state, metrics = train_fn(state, batch)
+      pending.append(metrics)
+      last = step == config.train.num_steps
+      logging_now = step % config.train.log_every == 0 or last
+      decoding = config.train.decode_every and (step % config.train.decode_every == 0 or last)
+      # Every step since the last check is checked before anything is saved.
+      if logging_now or decoding or step % config.train.checkpoint_every == 0:
+        pending = jax.device_get(pending)
+        _check_finite(step, pending, checkpointer)
+        if logging_now:
+          progress.log_train(step, pending, float(schedule(step - 1)))
+        pending = []
+      if step % config.train.eval_every == 0 or last:
+        eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config, mesh)
+        progress.log_eval(step, eval_metrics)
+      if decoding:
+        decoded, hypotheses = evaluate_lib.evaluate_examples(
+            model, state.params, decode_examples, decode_references,
+            data.tokenizer, config, mesh, mode=config.train.decode_mode,
+            beam_size=config.decode.beam_size, alpha=config.decode.alpha,
+            max_extra_len=config.decode.max_extra_len)
+        progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
+        eval_metrics[best_metric] = decoded[best_metric]
+        previous = best.best_value(best_metric)
+        if previous is None or decoded[best_metric] > previous:
+          best.save(step, state, data.train_batches.get_state(),
+                    metrics={best_metric: float(decoded[best_metric])})
+      if step % config.train.checkpoint_every == 0 or last:
+        checkpointer.save(step, state, data.train_batches.get_state())
+  finally:
+    # A stop (non-finite values, Ctrl-C, an error) waits for the saves in flight,
+    # so that no half-written checkpoint is left behind.
+    checkpointer.close()
+    best.close()
+    if hasattr(data.train_batches, "close"):
+      data.train_batches.close()
   return eval_metrics
