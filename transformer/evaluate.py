@@ -107,7 +107,6 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   out = [None] * len(examples)
   compile_s = decode_s = 0.0
   batches = 0
-  hosts, host = jax.process_count(), jax.process_index()
   # Bucketed by source length alone (a one-token dummy target): targets do not
   # enter decoding, and longer widths would cost time and compilations. Sorted
   # by length first, so a batch holds sentences of about the same length: it
@@ -122,9 +121,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
     rows, width = inputs.shape
     rows = _row_count(rows, (tokens_per_batch // width) // mesh.size * mesh.size, mesh.size)
     inputs = np.pad(inputs, ((0, rows - inputs.shape[0]), (0, 0)))
-    per_host = rows // hosts  # place_batch takes this host's rows only.
-    placed = sharding.place_batch(
-        {"inputs": inputs[host * per_host:(host + 1) * per_host]}, mesh)["inputs"]
+    placed = sharding.place_batch(sharding.host_rows({"inputs": inputs}), mesh)["inputs"]
     batch_rng = jax.random.fold_in(rng, batches)
     start = time.perf_counter()
     fn = _compiled(model, params, placed, batch_rng, mesh, settings)

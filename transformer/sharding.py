@@ -59,6 +59,18 @@ def state_shardings(abstract_state, mesh: Mesh, fsdp: bool):
       lambda x: NamedSharding(mesh, leaf_spec(x.shape, size, fsdp)), abstract_state)
 
 
+def host_rows(batch: dict) -> dict:
+  """This host's share of a batch that every host built whole (evaluation,
+  decoding): host i of n takes rows [i * R/n, (i+1) * R/n), so that
+  `place_batch` of every host's share holds each row once."""
+  hosts, host = jax.process_count(), jax.process_index()
+  rows = len(next(iter(batch.values())))
+  if rows % hosts:
+    raise ValueError(f"a batch of {rows} rows does not split over {hosts} hosts")
+  per_host = rows // hosts
+  return {k: np.asarray(v)[host * per_host:(host + 1) * per_host] for k, v in batch.items()}
+
+
 def place_batch(batch: dict, mesh: Mesh) -> dict:
   """Host-local numpy rows -> one global array per key, split over the data axis.
 
