@@ -32,6 +32,25 @@ def test_multi30k_config_trains_a_few_steps(tmp_path):
     assert json.load(f)["data"]["dataset"] == "parallel_text"
 
 
+@pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "train.en.gz")),
+                    reason=f"Multi30k not found at {DATA}")
+def test_every_reference_survives_encode_and_decode():
+  """What BLEU compares: the references as written and the model's detokenized
+  output. Every val and test reference (EN, DE and FR, which the vocabulary never
+  saw) must come back from decode(encode(reference)) unchanged, up to runs of
+  spaces (which sacreBLEU's tokenizer ignores)."""
+  from transformer.data import parallel_text, tokenizer  # pylint: disable=g-import-not-at-top
+  train = parallel_text.load_split(DATA, "train", "en", "de")[:3000]
+  tok = tokenizer.train([t for pair in train for t in pair], "bpe", 2000)
+  checked = 0
+  for split in ("val", "test_2016_flickr"):
+    for pair in parallel_text.load_split(DATA, split, "en", "fr")[:500]:
+      for reference in pair:
+        assert tok.decode(tok.encode(reference)) == " ".join(reference.split()), reference
+        checked += 1
+  assert checked == 2 * 2 * 500
+
+
 def test_direction_argument_flips_the_pair_and_rejects_others():
   ende, deen = multi30k.get_config(), multi30k.get_config("de-en")
   assert (ende.data.source_lang, ende.data.target_lang) == ("en", "de")

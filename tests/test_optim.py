@@ -24,6 +24,40 @@ def test_schedule_peaks_at_warmup():
   assert lrs.max() == pytest.approx(512**-0.5 * 4000**-0.5, rel=1e-5)
 
 
+def adam_by_hand(grads, lrs, b1, b2, eps):
+  """Kingma & Ba's Adam with bias correction, one update per gradient."""
+  m = v = np.zeros_like(grads[0], np.float64)
+  updates = []
+  for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
+    updates.append(-lr * m_hat / (np.sqrt(v_hat) + eps))
+  return updates
+
+
+@pytest.mark.parametrize("b1,b2,eps", [(0.9, 0.98, 1e-9), (0.5, 0.9, 1e-2)])
+def test_optimizer_updates_equal_adam_by_hand_over_several_steps(b1, b2, eps):
+  """Gradients that change sign and size, so that every update after the first
+  depends on beta1 and beta2; gradients of the order of eps, so that eps
+  shows (the first update alone is -lr * sign(g) whatever b1 and b2 are)."""
+  config = base.get_config().optim
+  config.adam_b1, config.adam_b2, config.adam_eps = b1, b2, eps
+  tx = optim.make_optimizer(config, d_model=512)
+  rng = np.random.default_rng(0)
+  grads = [rng.normal(size=6) * rng.choice([1e-2, 1.0, 10.0]) for _ in range(8)]
+  params = {"w": jnp.zeros(6)}
+  state = tx.init(params)
+  schedule = optim.transformer_schedule(512, config.warmup_steps)
+  want = adam_by_hand(grads, [float(schedule(i)) for i in range(8)], b1, b2, eps)
+  for g, expected in zip(grads, want):
+    updates, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state, params)
+    np.testing.assert_allclose(updates["w"], expected, rtol=2e-5, atol=1e-12)
+  # The hand computation tells the settings apart: other betas give other updates.
+  other = adam_by_hand(grads, [1.0] * 8, 0.0, 0.5, eps)
+  assert not np.allclose(other[-1] * float(schedule(7)), want[-1], rtol=1e-2)
+
+
 def test_optimizer_is_adam_with_paper_hyperparameters():
   config = base.get_config().optim
   tx = optim.make_optimizer(config, d_model=512)
