@@ -27,6 +27,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the
 
 def main(argv):
   runtime.quiet_library_logs()
+  runtime.use_compilation_cache()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)

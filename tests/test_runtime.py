@@ -14,14 +14,45 @@ SCRIPT = ("import json, os, sys; from transformer import runtime; runtime.use_fa
           "'TCMALLOC_RELEASE_RATE')}))")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS = ("GLIBC_TUNABLES", "TRANSFORMER_DEFAULT_MALLOC", "TRANSFORMER_TCMALLOC", "LD_PRELOAD",
-        *runtime.TCMALLOC_ENV)
+        runtime.RESTARTED_ENV, *runtime.TCMALLOC_ENV)
 
 
-def run(**env):
+def run(stderr=None, **env):
   base = {k: v for k, v in os.environ.items() if k not in OURS}
   out = subprocess.run([sys.executable, "-c", SCRIPT], env={**base, **env}, cwd=ROOT,
                        capture_output=True, text=True, check=True)
+  if stderr is not None:
+    stderr.append(out.stderr)
   return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_restart_says_what_it_did_and_how_to_turn_it_off():
+  stderr = []
+  run(stderr=stderr)
+  lines = [l for l in stderr[0].splitlines() if l.startswith("[transformer] restarted")]
+  assert len(lines) == 1
+  assert "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in lines[0]
+  assert "TRANSFORMER_DEFAULT_MALLOC=1 turns this off" in lines[0]
+  run(stderr=stderr, TRANSFORMER_DEFAULT_MALLOC="1")
+  assert "restarted" not in stderr[1]
+
+
+def test_compilation_cache_directory_and_off_switch(tmp_path):
+  script = ("import jax; from transformer import runtime; print(runtime.use_compilation_cache()); "
+            "print(jax.config.jax_compilation_cache_dir)")
+
+  def cache(value=None):
+    env = {k: v for k, v in os.environ.items() if k != runtime.CACHE_ENV}
+    if value is not None:
+      env[runtime.CACHE_ENV] = value
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+  assert cache(str(tmp_path)) == [str(tmp_path)] * 2
+  default = os.path.expanduser(os.path.join("~", ".cache", "transformer", "jax"))
+  assert cache() == [default] * 2
+  assert cache("0") == ["None", "None"]
 
 
 def test_tunable_is_set_once_and_kept_with_others():

@@ -20,7 +20,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, sharding, training
+from transformer import checkpoints, runtime, sharding, training
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -99,6 +99,7 @@ def average_checkpoints(workdir, last=5, mesh=None):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  runtime.use_compilation_cache()
   try:
     step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
   except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.

@@ -33,6 +33,7 @@ import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 
 from transformer import data as data_lib
+from transformer import runtime
 from transformer import decode, sharding
 
 MODES = ("greedy", "beam", "sample")
@@ -283,6 +284,7 @@ def define_decode_flags(modes, default_mode):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  runtime.use_compilation_cache()
   f = flags.FLAGS
   try:
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,

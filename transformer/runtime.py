@@ -1,5 +1,15 @@
 """Process set-up shared by the commands: an allocator that keeps the memory it
-frees, and a training log without the libraries' INFO chatter.
+frees, JAX's persistent compilation cache, and a training log without the
+libraries' INFO chatter.
+
+The commands RESTART THEMSELVES once at start-up (os.execve, same arguments) to
+change the allocator, and say so in one line on stderr; a debugger attached to
+the first process loses it. TRANSFORMER_DEFAULT_MALLOC=1 turns this off.
+
+Compiled programs are cached on disk (jax_compilation_cache_dir), so a resumed
+training, `evaluate` and `translate` skip most compilation on a rerun: the
+directory is $TRANSFORMER_COMPILATION_CACHE, default ~/.cache/transformer/jax;
+TRANSFORMER_COMPILATION_CACHE=0 turns it off.
 
 On a CPU, XLA allocates and frees large buffers every step. glibc's malloc hands
 the big ones back to the kernel at once, and the next step faults them in again:
@@ -31,6 +41,9 @@ TCMALLOC_ENV = {  # Never hand memory back; no "large alloc" report on stderr.
     "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40),
 }
 NOISY_LIBRARIES = ("/orbax/", "/tensorflow_datasets/")
+RESTARTED_ENV = "TRANSFORMER_RESTARTED_WITH"  # Set in the re-executed process.
+CACHE_ENV = "TRANSFORMER_COMPILATION_CACHE"
+DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "transformer", "jax")
 
 
 def find_tcmalloc():
@@ -64,6 +77,11 @@ def fast_malloc_env(environ):
 
 def use_fast_malloc() -> None:
   """Re-executes this command with fast_malloc_env (Linux only, at most once)."""
+  restarted = os.environ.get(RESTARTED_ENV)
+  if restarted:
+    sys.stderr.write(f"[transformer] restarted once with {restarted} (a faster allocator "
+                     "for XLA on a CPU; TRANSFORMER_DEFAULT_MALLOC=1 turns this off)\n")
+    return
   current = os.environ.get("GLIBC_TUNABLES", "")
   if (not sys.platform.startswith("linux") or "glibc.malloc.hugetlb" in current
       or os.environ.get("TRANSFORMER_DEFAULT_MALLOC")):
@@ -72,9 +90,26 @@ def use_fast_malloc() -> None:
     env = fast_malloc_env(os.environ)
   except FileNotFoundError as e:  # A bad TRANSFORMER_TCMALLOC: the message, no traceback.
     sys.exit(f"error: {e}")
+  env[RESTARTED_ENV] = " ".join(
+      filter(None, [f"LD_PRELOAD={env['LD_PRELOAD']}" if "LD_PRELOAD" in env else "",
+                    f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']}"]))
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, sys.orig_argv, env)
+
+
+def use_compilation_cache():
+  """Turns on JAX's persistent compilation cache (see above); returns its
+  directory, or None when TRANSFORMER_COMPILATION_CACHE=0."""
+  import jax  # pylint: disable=g-import-not-at-top
+  chosen = os.environ.get(CACHE_ENV, "")
+  if chosen == "0":
+    return None
+  path = os.path.abspath(os.path.expanduser(chosen or DEFAULT_CACHE_DIR))
+  jax.config.update("jax_compilation_cache_dir", path)
+  # Programs that compile in under a second are not worth a disk read.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  return path
 
 
 def _not_library_info(record: logging.LogRecord) -> bool:

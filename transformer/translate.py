@@ -28,7 +28,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from transformer import evaluate, plots
+from transformer import evaluate, plots, runtime
 from transformer.data import tokenizer as tokenizer_lib
 
 MODES = ("beam", "greedy", "sample")
@@ -150,6 +150,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  runtime.use_compilation_cache()
   f = flags.FLAGS
   try:
     run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
