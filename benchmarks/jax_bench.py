@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from transformer import sharding, training
+from transformer import sharding, state as state_lib, training
 
 # Decoding runs every row to its length limit: an EOS id no token has, so both
 # frameworks do the same, fixed work (a random-weight model's EOS is arbitrary).
@@ -61,8 +61,8 @@ def setup(size):
   """(model, train state, jitted train step, mesh) exactly as train_and_evaluate builds them."""
   config = common.experiment_config(size)
   mesh = sharding.make_mesh()
-  model, tx, _, shardings = training.build(config, size.vocab_size, mesh)
-  state = training.init_state(model, tx, config, shardings)
+  model, tx, _, shardings = state_lib.build(config, size.vocab_size, mesh)
+  state = state_lib.init_state(model, tx, config, shardings)
   step, _ = training.compile_steps(model, tx, config, mesh, shardings)
   return model, state, step, mesh
 

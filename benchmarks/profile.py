@@ -36,7 +36,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 
 from benchmarks import common
-from transformer import runtime, sharding, training
+from transformer import runtime, sharding, state as state_lib, training
 
 VARIANTS = ("dropout=0", "rbg", "reference_attn", "bfloat16", "pack")
 
@@ -79,8 +79,8 @@ def _setup(size, batch, name):
   with variant(name):
     config = _config(size, name)
     mesh = sharding.make_mesh()
-    model, tx, _, shardings = training.build(config, size.vocab_size, mesh)
-    state = training.init_state(model, tx, config, shardings)
+    model, tx, _, shardings = state_lib.build(config, size.vocab_size, mesh)
+    state = state_lib.init_state(model, tx, config, shardings)
     step, _ = training.compile_steps(model, tx, config, mesh, shardings)
     return model, state, step, sharding.place_batch(batch, mesh)
 

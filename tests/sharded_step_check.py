@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, ".")
 from tests.test_training import tiny_config  # pylint: disable=g-import-not-at-top
-from transformer import evaluate, sharding, training
+from transformer import inference, sharding, state as state_lib, training
 
 STEPS = 4
 
@@ -44,8 +44,8 @@ def batches():
 def train(devices, fsdp):
   config = config_for(fsdp)
   mesh = sharding.make_mesh(devices)
-  model, tx, _, shardings = training.build(config, 24, mesh)
-  state = training.init_state(model, tx, config, shardings)
+  model, tx, _, shardings = state_lib.build(config, 24, mesh)
+  state = state_lib.init_state(model, tx, config, shardings)
   train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
   metrics = []
   for batch in batches():
@@ -59,7 +59,7 @@ def decode_all(model, params, config, mesh):
   rng = np.random.default_rng(1)
   examples = [(rng.integers(4, 24, size=n).astype(np.int32), np.array([3], np.int32))
               for n in rng.integers(2, 12, size=21)]
-  return {mode: [ids.tolist() for ids in evaluate.decode_ids(
+  return {mode: [ids.tolist() for ids in inference.decode_ids(
       model, params, examples, config, mesh, mode=mode, beam_size=3, max_extra_len=6)]
           for mode in ("greedy", "beam")}
 
@@ -81,7 +81,7 @@ def main():
   # Decoding with the single-device parameters placed FSDP-style over 8 devices.
   config = config_for(fsdp=True)
   mesh = sharding.make_mesh()
-  _, _, abstract, shardings = training.build(config, 24, mesh)
+  _, _, abstract, shardings = state_lib.build(config, 24, mesh)
   params = jax.device_put(jax.device_get(single.params), shardings.params)
   assert any(sharding.DATA_AXIS in tuple(x.sharding.spec) for x in jax.tree.leaves(params))
   one = decode_all(model, single.params, config, sharding.make_mesh(jax.devices()[:1]))

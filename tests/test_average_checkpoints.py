@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.test_training import tiny_config
-from transformer import checkpoints, sharding, training
+from transformer import checkpoints, sharding, state as state_lib, training
 from transformer import workdir as workdir_lib
 from transformer.average_checkpoints import average_checkpoints, mean_params
 from transformer.data import tokenizer as tokenizer_lib
@@ -29,12 +29,12 @@ def workdir(tmp_path_factory):
   tokenizer = tokenizer_lib.train(SCAN_WORDS, "word", 32)
   tokenizer.save(os.path.join(path, "spm.model"))
   mesh = sharding.make_mesh()
-  model, tx, abstract, shardings = training.build(config, tokenizer.vocab_size, mesh)
+  model, tx, abstract, shardings = state_lib.build(config, tokenizer.vocab_size, mesh)
   states = []
   checkpointer = checkpoints.Checkpointer(os.path.join(path, "checkpoints"))
   for seed, step in ((0, 10), (1, 20)):
     config.seed = seed
-    state = training.init_state(model, tx, config, shardings)
+    state = state_lib.init_state(model, tx, config, shardings)
     state = state.replace(step=jnp.int32(step))
     checkpointer.save(step, state, {"epoch": 0, "index": step, "num_examples": 5})
     states.append(state)

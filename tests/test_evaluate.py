@@ -12,7 +12,7 @@ import sacrebleu
 
 from tests.test_training import tiny_config
 from transformer import data as data_lib
-from transformer import evaluate, training
+from transformer import evaluate, metrics, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +41,7 @@ def workdir(tmp_path_factory):
 
 def test_bleu_of_references_against_themselves_is_100():
   refs = ["The cat sat on the mat.", "Hello there, world!", "Ein Haus am See."]
-  result = evaluate.score(refs, refs, "wmt14_translate/de-en")
+  result = metrics.score(refs, refs, "wmt14_translate/de-en")
   assert result["bleu"] == pytest.approx(100.0)
   assert result["chrf"] == pytest.approx(100.0)
 
@@ -49,7 +49,7 @@ def test_bleu_of_references_against_themselves_is_100():
 def test_bleu_matches_sacrebleu_and_the_hand_count():
   hyps = ["the cat sat on the mat", "a quick brown fox jumps"]
   refs = ["the cat sat on a mat", "the quick brown fox jumped"]
-  result = evaluate.score(hyps, refs, "parallel_text")
+  result = metrics.score(hyps, refs, "parallel_text")
   assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
   assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
   # Matching n-grams 8/11, 5/9, 3/7, 1/5; equal lengths, so no brevity penalty.
@@ -61,14 +61,14 @@ def test_bleu_matches_sacrebleu_and_the_hand_count():
 
 
 def test_bleu_is_cased():
-  result = evaluate.score(["The cat sat on the mat."], ["the cat sat on the mat."], "x")
+  result = metrics.score(["The cat sat on the mat."], ["the cat sat on the mat."], "x")
   assert result["bleu"] < 100.0
 
 
 def test_exact_match_and_token_accuracy_by_hand():
   hyps = ["I_WALK I_JUMP", "I_LOOK", "I_RUN I_RUN I_RUN", "", " I_LOOK  I_LOOK "]
   refs = ["I_WALK I_JUMP", "I_LOOK I_LOOK", "I_RUN I_WALK", "I_JUMP", "I_LOOK I_LOOK"]
-  result = evaluate.score(hyps, refs, "scan/simple")
+  result = metrics.score(hyps, refs, "scan/simple")
   assert result == {"exact_match": pytest.approx(2 / 5),
                     # Position-wise over each reference: 2 + 1 + 1 + 0 + 2 of 9.
                     "token_accuracy": pytest.approx(6 / 9)}
@@ -76,9 +76,9 @@ def test_exact_match_and_token_accuracy_by_hand():
 
 def test_score_rejects_mismatched_or_empty_input():
   with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
-    evaluate.score(["a", "b"], ["a"], "scan/simple")
+    metrics.score(["a", "b"], ["a"], "scan/simple")
   with pytest.raises(ValueError, match="nothing to score"):
-    evaluate.score([], [], "scan/simple")
+    metrics.score([], [], "scan/simple")
 
 
 def test_result_name_is_filename_safe():
@@ -118,7 +118,7 @@ def test_evaluate_writes_json_and_exact_match_matches_its_outputs(workdir):
   assert len(hypotheses) == 30
   exact = sum(h.split() == r.split() for h, r in zip(hypotheses, references)) / 30
   assert saved["metrics"]["exact_match"] == pytest.approx(exact)
-  assert saved["metrics"] == pytest.approx(evaluate.score(hypotheses, references, "scan"))
+  assert saved["metrics"] == pytest.approx(metrics.score(hypotheses, references, "scan"))
   assert not [n for n in os.listdir(workdir) if ".tmp" in n]  # Temporary files renamed.
 
 

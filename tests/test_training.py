@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from configs import default
-from transformer import checkpoints, sharding, training
+from transformer import checkpoints, sharding, state as state_lib, training
 
 # Adam's first update is g / (|g| + eps). With the paper's eps = 1e-9 it turns
 # round-off in gradients that are mathematically zero (the key projection's bias:
@@ -57,7 +57,7 @@ def restore_params(workdir, config, step=None):
   mesh = sharding.make_mesh(jax.devices()[:1])
   from transformer.data import tokenizer
   vocab = tokenizer.Tokenizer.load(os.path.join(workdir, "spm.model")).vocab_size
-  _, _, abstract, shardings = training.build(config, vocab, mesh)
+  _, _, abstract, shardings = state_lib.build(config, vocab, mesh)
   state, data_state, restored_step = checkpoints.Checkpointer(
       os.path.join(workdir, "checkpoints"), read_only=True).restore(abstract, shardings, step)
   return state, data_state, restored_step
@@ -130,8 +130,8 @@ def test_gradient_accumulation_equals_one_big_batch(data_dir):
   config.model.dropout = 0.0  # The micro-batches draw other dropout masks.
   config.optim.adam_eps = ADAM_EPS_NOTE
   mesh = sharding.make_mesh(jax.devices()[:1])
-  model, tx, _, shardings = training.build(config, 23, mesh)
-  state = training.init_state(model, tx, config, shardings)
+  model, tx, _, shardings = state_lib.build(config, 23, mesh)
+  state = state_lib.init_state(model, tx, config, shardings)
   rng = np.random.default_rng(0)
   targets = rng.integers(4, 23, size=(8, 12)).astype(np.int32)
   targets[::3, 7:] = 0  # Rows with different numbers of real tokens.
@@ -195,8 +195,8 @@ def test_evaluation_rows_are_split_over_hosts(data_dir, monkeypatch):
   evaluating as process 0 and then as process 1 of 2."""
   config = tiny_config(data_dir)
   mesh = sharding.make_mesh(jax.devices()[:1])
-  model, tx, _, shardings = training.build(config, 23, mesh)
-  params = training.init_state(model, tx, config, shardings).params
+  model, tx, _, shardings = state_lib.build(config, 23, mesh)
+  params = state_lib.init_state(model, tx, config, shardings).params
   _, eval_fn = training.compile_steps(model, tx, config, mesh, shardings)
   rng = np.random.default_rng(0)
   examples = [(rng.integers(4, 23, size=n).astype(np.int32),
@@ -261,8 +261,8 @@ def test_train_step_makes_no_host_transfers(data_dir):
   same step fed an unplaced numpy batch does raise."""
   config = tiny_config(data_dir)
   mesh = sharding.make_mesh()
-  model, tx, _, shardings = training.build(config, 23, mesh)
-  state = training.init_state(model, tx, config, shardings)
+  model, tx, _, shardings = state_lib.build(config, 23, mesh)
+  state = state_lib.init_state(model, tx, config, shardings)
   train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
   rng = np.random.default_rng(0)
   batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32),

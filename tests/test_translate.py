@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_evaluate import trained_workdir
 from tests.test_plots import assert_png
-from transformer import decode, evaluate, translate
+from transformer import decode, inference, translate
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +37,7 @@ def _translate(restored, lines, **kw):
 def test_outputs_follow_the_inputs_through_length_batching(restored, monkeypatch, capsys):
   # An echoing "model" (output = its own source) makes any mix-up of rows visible:
   # the lines fall in three length buckets and come back in input order.
-  monkeypatch.setattr(evaluate, "_COMPILED", {})
+  monkeypatch.setattr(inference, "_COMPILED", {})
   monkeypatch.setattr(decode, "encode_and_decode", lambda model, params, inputs, **kw: inputs)
   outputs = _translate(restored, LINES, mode="greedy")
   assert len(outputs) == len(LINES)

@@ -20,7 +20,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, runtime, sharding, training
+from transformer import checkpoints, runtime, sharding, state as state_lib
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -63,7 +63,7 @@ def average_checkpoints(workdir, last=5, mesh=None):
   config = workdir_lib.load_config(workdir)
   vocab_size = workdir_lib.load_tokenizer(workdir, config).vocab_size
   mesh = mesh or sharding.make_mesh()
-  _, _, abstract, shardings = training.build(config, vocab_size, mesh)
+  _, _, abstract, shardings = state_lib.build(config, vocab_size, mesh)
   source_dir, _ = workdir_lib.checkpoint_location(workdir, "latest")
   source = checkpoints.Checkpointer(source_dir, read_only=True)
   steps = source.steps()

@@ -1,4 +1,4 @@
-"""Training: the state, pure jitted train/eval steps, and the train_and_evaluate loop.
+"""Training: pure jitted train/eval steps and the train_and_evaluate loop.
 
   python train.py --config configs/default.py --workdir runs/default
 """
@@ -10,34 +10,17 @@ import os
 import time
 
 from absl import logging
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import checkpoints, data as data_lib, evaluate as evaluate_lib
-from transformer import losses, optim, sharding
-from transformer.config import check_config, model_config
-from transformer.model import Transformer
+from transformer import checkpoints, data as data_lib, inference, losses
+from transformer import metrics as metrics_lib, optim
+from transformer import sharding, state as state_lib
+from transformer.config import check_config
 
 Array = jax.Array
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: Array  # int32 scalar: updates applied so far.
-  params: dict
-  opt_state: optax.OptState
-  rng: Array  # uint32 key data; the dropout key of a step is fold_in(rng, step).
-
-
-def create_state(model, tx, rng, batch_shape=(1, 8)) -> TrainState:
-  ids = jnp.ones(batch_shape, jnp.int32)
-  init_rng, train_rng = jax.random.split(rng)
-  params = model.init(init_rng, ids, ids)["params"]
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=tx.init(params), rng=jax.random.key_data(train_rng))
 
 
 # ----------------------------------------------------------------------------
@@ -121,26 +104,6 @@ def compile_steps(model, tx, config, mesh, state_shardings):
       functools.partial(eval_step, model=model, label_smoothing=config.train.label_smoothing),
       in_shardings=(state_shardings.params, batch), out_shardings=replicated)
   return train, evaluate
-
-
-# ----------------------------------------------------------------------------
-# Setting up: model, optimizer, sharded state (restored when there is one).
-# ----------------------------------------------------------------------------
-
-def build(config, vocab_size, mesh):
-  """(model, optimizer, abstract state, state shardings) for a config."""
-  cfg = model_config(config, vocab_size)
-  model = Transformer(cfg)
-  tx = optim.make_optimizer(config.optim, cfg.d_model)
-  abstract = jax.eval_shape(lambda: create_state(model, tx, jax.random.key(config.seed)))
-  shardings = sharding.state_shardings(abstract, mesh, config.train.fsdp)
-  return model, tx, abstract, shardings
-
-
-def init_state(model, tx, config, shardings):
-  """Initialises the state directly into its shardings (no host copy)."""
-  return jax.jit(lambda: create_state(model, tx, jax.random.key(config.seed)),
-                 out_shardings=shardings)()
 
 
 def evaluate_loss(eval_fn, params, examples, config, mesh):
@@ -251,12 +214,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
       batch_multiple=mesh.size * config.train.grad_accum_steps,
       shard_index=jax.process_index(), shard_count=jax.process_count())
   logging.info("Data: %s", json.dumps(data.stats))
-  model, tx, abstract, shardings = build(config, data.tokenizer.vocab_size, mesh)
+  model, tx, abstract, shardings = state_lib.build(config, data.tokenizer.vocab_size, mesh)
   logging.info("Parameters: %s", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}")
 
   checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
                                           keep=config.train.keep_checkpoints)
-  best_metric = "exact_match" if config.data.dataset.startswith("scan") else "bleu"
+  best_metric = metrics_lib.main_metric(config.data.dataset)
   best = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints_best"), keep=1,
                                   best_metric=best_metric)
   decode_pairs = data.eval_pairs[:config.train.decode_examples or None]
@@ -265,7 +228,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   decode_references = [t for _, t in decode_pairs]
   restored = checkpointer.restore(abstract, shardings)
   if restored is None:
-    state = init_state(model, tx, config, shardings)
+    state = state_lib.init_state(model, tx, config, shardings)
   else:
     state, data_state, step = restored
     data.train_batches.set_state(data_state)
@@ -298,7 +261,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config, mesh)
         progress.log_eval(step, eval_metrics)
       if decoding:
-        decoded, hypotheses = evaluate_lib.evaluate_examples(
+        decoded, hypotheses = inference.evaluate_examples(
             model, state.params, decode_examples, decode_references,
             data.tokenizer, config, mesh, mode=config.train.decode_mode,
             beam_size=config.decode.beam_size, alpha=config.decode.alpha,

@@ -28,10 +28,10 @@ from absl import flags
 import jax
 import numpy as np
 
-from transformer import evaluate, plots, runtime
+from transformer import evaluate, inference, plots, runtime
+from transformer import workdir as workdir_lib
 from transformer.data import tokenizer as tokenizer_lib
 
-MODES = ("beam", "greedy", "sample")
 
 
 def source_limit(config):
@@ -77,7 +77,7 @@ def encode_lines(lines, tokenizer, max_length):
 def translate_ids(model, params, tokenizer, config, mesh, lines, **decode_kw):
   """Per input line, (source ids, output ids) or None for an empty line."""
   examples, kept = encode_lines(lines, tokenizer, source_limit(config))
-  outputs = evaluate.decode_ids(model, params, examples, config, mesh, **decode_kw)
+  outputs = inference.decode_ids(model, params, examples, config, mesh, **decode_kw)
   result = [None] * len(lines)
   for i, (src, _), out in zip(kept, examples, outputs):
     result[i] = (src, out)
@@ -106,10 +106,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   (and draws the attention plot if asked); returns the translations."""
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
-  from transformer import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   workdir_lib.checkpoint_location(workdir, checkpoint)
-  if mode not in MODES:
-    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if mode not in inference.MODES:
+    raise ValueError(f"mode must be one of {inference.MODES}, got {mode!r}")
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}")
   config = workdir_lib.load_config(workdir)
@@ -161,7 +160,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  evaluate.define_decode_flags(MODES, "beam")
+  evaluate.define_decode_flags(inference.MODES, "beam")
   flags.DEFINE_string("input", "-", "Sentences, one a line; '-' reads stdin.")
   flags.DEFINE_string("output", "-", "Translations, one a line; '-' writes stdout.")
   flags.DEFINE_string("plot_attention", None, "PNG file for the attention heatmap of the "

@@ -10,10 +10,9 @@ import json
 import os
 from typing import Any
 
-import jax
 import ml_collections
 
-from transformer import checkpoints, sharding, training
+from transformer import checkpoints, sharding, state as state_lib
 from transformer.data import tokenizer as tokenizer_lib
 
 CHECKPOINT_DIRS = {"latest": "checkpoints", "best": "checkpoints_best",
@@ -63,7 +62,7 @@ class Restored:
   config: ml_collections.ConfigDict
   tokenizer: tokenizer_lib.Tokenizer
   model: Any
-  state: training.TrainState
+  state: state_lib.TrainState
   step: int
   mesh: Any
 
@@ -77,7 +76,7 @@ def restore(workdir: str, checkpoint: str = "latest", mesh=None) -> Restored:
   config = load_config(workdir)
   tokenizer = load_tokenizer(workdir, config)
   mesh = mesh or sharding.make_mesh()
-  model, _, abstract, shardings = training.build(config, tokenizer.vocab_size, mesh)
+  model, _, abstract, shardings = state_lib.build(config, tokenizer.vocab_size, mesh)
   directory, step = checkpoint_location(workdir, checkpoint)
   restored = checkpoints.Checkpointer(directory, read_only=True).restore(
       abstract, shardings, step)

@@ -1,0 +1,138 @@
+"""Decoding many sentences with a model: batching by length, each host's share of
+the rows, one compiled program per batch shape, outputs back in input order.
+What in-training decoding, `evaluate` and `translate` share; no flags, no files."""
+
+import time
+
+import jax
+import numpy as np
+
+from transformer import data as data_lib
+from transformer import decode, sharding
+from transformer import metrics as metrics_lib
+
+MODES = ("greedy", "beam", "sample")
+# Compiled decoders by (settings, batch shape, parameter layout). jax.jit would also
+# cache, but compiling ahead of time lets us report compile and decode time apart,
+# and keeps the training loop's repeated evaluations from compiling again.
+_COMPILED = {}
+_MAX_COMPILED = 64
+
+
+def check_settings(mode, beam_size, alpha, max_extra_len):
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if int(beam_size) < 1:
+    raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+  if float(alpha) < 0:
+    raise ValueError(f"alpha must be >= 0, got {alpha}")
+  if int(max_extra_len) < 0:
+    raise ValueError(f"max_extra_len must be >= 0, got {max_extra_len}")
+
+
+def _compiled(model, params, inputs, rng, mesh, settings):
+  layout = (jax.tree.structure(params),
+            tuple((x.shape, x.dtype, getattr(x, "sharding", None))
+                  for x in jax.tree.leaves(params)))
+  key = (model, mesh, settings, inputs.shape, inputs.sharding, layout)
+  if key not in _COMPILED:
+    mode, beam_size, alpha, max_extra_len, temperature, top_k = settings
+
+    def run(params, inputs_BxS, rng):
+      return decode.encode_and_decode(
+          model, params, inputs_BxS, mode=mode, beam_size=beam_size, alpha=alpha,
+          max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
+          temperature=temperature, top_k=top_k)
+
+    if len(_COMPILED) >= _MAX_COMPILED:
+      _COMPILED.clear()
+    # Replicated output: every host can read every row.
+    fn = jax.jit(run, out_shardings=sharding.replicated(mesh))
+    _COMPILED[key] = fn.lower(params, inputs, rng).compile()
+  return _COMPILED[key]
+
+
+def _row_count(rows, full_rows, multiple):
+  """Rows padded up to multiple * 2^k (at most a full batch), so the last, partial
+  batch of each length reuses few shapes, hence few compilations."""
+  padded = multiple
+  while padded < rows:
+    padded *= 2
+  return max(rows, min(padded, full_rows))
+
+
+def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_size=4,
+               alpha=0.6, max_extra_len=50, rng=None, temperature=1.0, top_k=0,
+               tokens_per_batch=None, timings=None):
+  """Output ids for the sources of `examples` ((src, tgt) id arrays), in their order.
+
+  Each is cut after its first EOS (kept), or has trailing PAD removed if it hit
+  the length limit. Batches are grouped by length (eval_batches), split over the
+  mesh's data axis, and decoded by one compiled program per batch shape. If
+  `timings` is a dict it receives compile_seconds, decode_seconds and batches.
+  Batch size (source tokens): `tokens_per_batch`, else config.decode's, else
+  config.data's.
+  """
+  check_settings(mode, beam_size, alpha, max_extra_len)
+  rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
+  settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
+              int(top_k))
+  # .get: configs saved before the field existed lack it.
+  tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
+                      or config.data.tokens_per_batch)
+  out = [None] * len(examples)
+  compile_s = decode_s = 0.0
+  batches = 0
+  # Bucketed by source length alone (a one-token dummy target): targets do not
+  # enter decoding, and longer widths would cost time and compilations. Sorted
+  # by length first, so a batch holds sentences of about the same length: it
+  # runs until its longest output is done.
+  order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+  sources = [(examples[i][0], examples[i][0][-1:]) for i in order]
+  for positions, batch in data_lib.eval_batches(sources, tokens_per_batch,
+                                                batch_multiple=mesh.size,
+                                                max_length=config.data.max_length):
+    indices = [order[p] for p in positions.tolist()]
+    inputs = batch["inputs"]
+    rows, width = inputs.shape
+    rows = _row_count(rows, (tokens_per_batch // width) // mesh.size * mesh.size, mesh.size)
+    inputs = np.pad(inputs, ((0, rows - inputs.shape[0]), (0, 0)))
+    placed = sharding.place_batch(sharding.host_rows({"inputs": inputs}), mesh)["inputs"]
+    batch_rng = jax.random.fold_in(rng, batches)
+    start = time.perf_counter()
+    fn = _compiled(model, params, placed, batch_rng, mesh, settings)
+    compiled = time.perf_counter()
+    ids = np.asarray(jax.device_get(fn(params, placed, batch_rng)))
+    compile_s += compiled - start
+    decode_s += time.perf_counter() - compiled
+    batches += 1
+    for row, index in enumerate(indices):
+      out[index] = _cut(ids[row])
+  if timings is not None:
+    timings.update(compile_seconds=compile_s, decode_seconds=decode_s, batches=batches)
+  return out
+
+
+def _cut(ids):
+  eos = np.flatnonzero(ids == data_lib.EOS_ID)
+  return ids[:eos[0] + 1] if eos.size else np.trim_zeros(ids, "b")
+
+
+def decode_examples(model, params, examples, tokenizer, config, mesh, **decode_kw):
+  """Detokenized outputs for the sources of `examples`, in their order (see decode_ids)."""
+  return [tokenizer.decode(ids)
+          for ids in decode_ids(model, params, examples, config, mesh, **decode_kw)]
+
+
+def evaluate_examples(model, params, examples, references, tokenizer, config, mesh,
+                      **decode_kw):
+  """(metrics with timing, hypotheses) of decoding `examples` against `references`."""
+  timings = {}
+  start = time.perf_counter()
+  hypotheses = decode_examples(model, params, examples, tokenizer, config, mesh,
+                               timings=timings, **decode_kw)
+  metrics = metrics_lib.score(hypotheses, references, config.data.dataset)
+  metrics.update(timings, num_sentences=len(hypotheses),
+                 wall_seconds=time.perf_counter() - start,
+                 sentences_per_second=len(hypotheses) / max(timings["decode_seconds"], 1e-9))
+  return metrics, hypotheses

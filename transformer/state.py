@@ -1,0 +1,45 @@
+"""The training state and how it is built: what training, inference and restoring a
+workdir share (config -> model -> state; nothing here knows of data or decoding)."""
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer import optim, sharding
+from transformer.config import model_config
+from transformer.model import Transformer
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: Array  # int32 scalar: updates applied so far.
+  params: dict
+  opt_state: optax.OptState
+  rng: Array  # uint32 key data; the dropout key of a step is fold_in(rng, step).
+
+
+def create_state(model, tx, rng, batch_shape=(1, 8)) -> TrainState:
+  ids = jnp.ones(batch_shape, jnp.int32)
+  init_rng, train_rng = jax.random.split(rng)
+  params = model.init(init_rng, ids, ids)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=tx.init(params), rng=jax.random.key_data(train_rng))
+
+
+def build(config, vocab_size, mesh):
+  """(model, optimizer, abstract state, state shardings) for a config."""
+  cfg = model_config(config, vocab_size)
+  model = Transformer(cfg)
+  tx = optim.make_optimizer(config.optim, cfg.d_model)
+  abstract = jax.eval_shape(lambda: create_state(model, tx, jax.random.key(config.seed)))
+  shardings = sharding.state_shardings(abstract, mesh, config.train.fsdp)
+  return model, tx, abstract, shardings
+
+
+def init_state(model, tx, config, shardings):
+  """Initialises the state directly into its shardings (no host copy)."""
+  return jax.jit(lambda: create_state(model, tx, jax.random.key(config.seed)),
+                 out_shardings=shardings)()
