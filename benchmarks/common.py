@@ -16,7 +16,7 @@ import numpy as np
 
 from configs import base as base_config
 from transformer.data import pipeline
-from transformer.data.tokenizer import BOS_ID, EOS_ID
+from transformer.data.tokenizer import EOS_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,11 +129,6 @@ def timed_batches(size: Size, examples, count, seed=0):
   """The first `count` batches of an epoch: mixed shapes, as training sees them."""
   it = train_batches(size, examples, seed)
   return [next(it) for _ in range(count)]
-
-
-def shift_right(targets_BxT):
-  """Teacher-forcing decoder inputs: BOS, then the targets one step late (numpy)."""
-  return np.pad(targets_BxT, ((0, 0), (1, 0)), constant_values=BOS_ID)[:, :-1]
 
 
 def decode_sources(size: Size, examples, seed=1):

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from benchmarks import common
 from transformer.data.tokenizer import BOS_ID, PAD_ID
-from transformer.model import sinusoidal_table
+from transformer.model import shift_right, sinusoidal_table
 from benchmarks.jax_bench import page_faults
 
 # The encoder's inference fast path (nested tensors for padding) warns it is a prototype.
@@ -82,7 +82,7 @@ def matmul_peak(n=2048, repeats=5, dtype="float32"):
 def _tensors(batch):
   src = torch.from_numpy(batch["inputs"].astype(np.int64))
   tgt = torch.from_numpy(batch["targets"].astype(np.int64))
-  return src, torch.from_numpy(common.shift_right(batch["targets"]).astype(np.int64)), tgt
+  return src, torch.from_numpy(np.asarray(shift_right(batch["targets"], BOS_ID)).astype(np.int64)), tgt
 
 
 def _autocast(dtype):
