@@ -71,7 +71,8 @@ def test_weights_reproduce_the_models_cross_attention(tiny):
   module_out = state["intermediates"]["decoder"][f"layer_{layer}"]["cross_attention"][
       "__call__"][0]
   out = params["decoder"][f"layer_{layer}"]["cross_attention"]["out"]
-  projected = jnp.einsum("bthk,hkd->btd", mixed, out["kernel"]) + out["bias"][None, None]
+  assert "bias" not in out  # W^O is a plain matrix (3.2.2).
+  projected = jnp.einsum("bthk,hkd->btd", mixed, out["kernel"])
   np.testing.assert_allclose(projected, module_out, atol=1e-5)
   # And by hand for one entry: the 1/sqrt(d_k) of one head.
   q, k = np.asarray(p["query"]), np.asarray(p["key"])

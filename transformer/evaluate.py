@@ -30,7 +30,7 @@ from absl import flags
 import jax
 
 from transformer import data as data_lib
-from transformer import inference, runtime
+from transformer import files, inference, runtime
 from transformer import workdir as workdir_lib
 
 
@@ -39,14 +39,6 @@ def result_name(split, checkpoint, mode, beam_size, alpha, limit=None):
   label = f"beam{beam_size}-a{alpha:g}" if mode == "beam" else mode
   parts = [split, str(checkpoint), label + (f"-n{limit}" if limit else "")]
   return "_".join(["eval"] + [re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts])
-
-
-def write_atomic(path, text):
-  """Writes via a temporary file and a rename: a crash never leaves half a file."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
 
 
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
@@ -59,9 +51,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     raise ValueError(f"limit must be >= 1, got {limit}")
   config = workdir_lib.load_config(workdir)
   split = split or config.data.test_split
-  beam_size = config.decode.beam_size if beam_size is None else beam_size
-  alpha = config.decode.alpha if alpha is None else alpha
-  max_extra_len = config.decode.max_extra_len if max_extra_len is None else max_extra_len
+  settings = inference.decode_settings(config, beam_size, alpha, max_extra_len)
+  beam_size, alpha, max_extra_len = (settings[k] for k in ("beam_size", "alpha", "max_extra_len"))
   inference.check_settings(mode, beam_size, alpha, max_extra_len)
   # The data first: a bad split fails before the checkpoint is read.
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
@@ -89,8 +80,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       "metrics": metrics, "hypotheses_file": stem + ".txt",
   }
   if jax.process_index() == 0:
-    write_atomic(stem + ".txt", "".join(h + "\n" for h in hypotheses))
-    write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+    files.write_atomic(stem + ".txt", "".join(h + "\n" for h in hypotheses))
+    files.write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
   return result, stem + ".json"
 
 

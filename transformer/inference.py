@@ -19,6 +19,12 @@ _COMPILED = {}
 _MAX_COMPILED = 64
 
 
+def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None) -> dict:
+  """The search settings given, the experiment's config.decode for those not given."""
+  given = dict(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
+  return {k: config.decode[k] if v is None else v for k, v in given.items()}
+
+
 def check_settings(mode, beam_size, alpha, max_extra_len):
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

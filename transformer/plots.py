@@ -7,7 +7,6 @@ OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 """
 
 import math
-import os
 import sys
 
 from absl import app
@@ -20,6 +19,7 @@ matplotlib.use("Agg")  # Files only; no display needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from transformer import files
 from transformer.model import sinusoidal_table
 
 PROJECTIONS = ("query", "key", "value")
@@ -87,14 +87,11 @@ def parse_head(head, num_heads):
 
 def save_figure(fig, path):
   """Saves as PNG via a temporary file and a rename; closes the figure."""
-  tmp = f"{path}.tmp{os.getpid()}"
   try:
-    fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
-    os.replace(tmp, path)
+    with files.atomic_path(path) as tmp:
+      fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
   finally:
     plt.close(fig)
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 def plot_attention(weights_HxTxS, source_tokens, output_tokens, path, head="all",

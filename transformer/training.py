@@ -264,8 +264,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         decoded, hypotheses = inference.evaluate_examples(
             model, state.params, decode_examples, decode_references,
             data.tokenizer, config, mesh, mode=config.train.decode_mode,
-            beam_size=config.decode.beam_size, alpha=config.decode.alpha,
-            max_extra_len=config.decode.max_extra_len)
+            **inference.decode_settings(config))
         progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
         eval_metrics[best_metric] = decoded[best_metric]
         previous = best.best_value(best_metric)

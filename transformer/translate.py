@@ -28,7 +28,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from transformer import evaluate, inference, plots, runtime
+from transformer import evaluate, files, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.data import tokenizer as tokenizer_lib
 
@@ -120,9 +120,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   lines = read_lines(input_path)
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
-      mode=mode, beam_size=config.decode.beam_size if beam_size is None else beam_size,
-      alpha=config.decode.alpha if alpha is None else alpha,
-      max_extra_len=config.decode.max_extra_len if max_extra_len is None else max_extra_len,
+      mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len),
       rng=jax.random.key(seed), temperature=temperature, tokens_per_batch=tokens_per_batch)
   results = translate_ids(restored.model, restored.params, restored.tokenizer, config,
                           restored.mesh, lines, **decode_kw)
@@ -132,7 +130,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     sys.stdout.write(text)
     sys.stdout.flush()
   else:
-    evaluate.write_atomic(output_path, text)
+    files.write_atomic(output_path, text)
   if plot_attention:
     first = next((r for r in results if r is not None), None)
     if first is None:

@@ -15,6 +15,8 @@ import re
 import numpy as np
 import sentencepiece as spm
 
+from transformer import files
+
 PAD_ID = 0
 UNK_ID = 1
 BOS_ID = 2
@@ -65,11 +67,8 @@ class Tokenizer:
     return self._sp.decode(out)
 
   def save(self, path):
-    """Writes the model via a temporary file so a crash never leaves a partial file."""
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'wb') as f:
-      f.write(self.model_proto)
-    os.replace(tmp, path)
+    """Writes the model atomically: a crash never leaves a partial file."""
+    files.write_atomic(path, self.model_proto)
 
 
 def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed=TRAIN_SEED):
