@@ -1,9 +1,10 @@
-"""Small shared fixtures for the tests: a tiny model and random token batches."""
+"""Small shared fixtures for the tests: a tiny model, a tiny experiment and random token batches."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import default
 from transformer.config import ModelConfig
 from transformer.model import Transformer
 
@@ -12,6 +13,7 @@ TINY = dict(input_vocab_size=23, output_vocab_size=23, num_layers=2, d_model=32,
 
 
 def tiny_config(**overrides) -> ModelConfig:
+  """A tiny ModelConfig for the model-level tests."""
   return ModelConfig(**{**TINY, **overrides})
 
 
@@ -27,3 +29,27 @@ def init_model(cfg, inputs, targets, seed=0):
   model = Transformer(cfg)
   params = model.init(jax.random.key(seed), jnp.asarray(inputs), jnp.asarray(targets))["params"]
   return model, params
+
+
+def tiny_experiment(data_dir, **train):
+  """A whole experiment config (SCAN, a 1+1-layer d_model 32 model, 30 steps) for
+  end-to-end runs; `train` overrides config.train fields."""
+  config = default.get_config()
+  config.model.num_layers = 1
+  config.model.d_model = 32
+  config.model.d_ff = 64
+  config.model.num_heads = 2
+  config.data.tfds_data_dir = str(data_dir)
+  config.data.eval_split = "test[:200]"
+  config.data.batching = "pack"
+  config.data.tokens_per_batch = 512
+  config.data.prefetch = 2
+  config.optim.warmup_steps = 20
+  config.train.num_steps = 30
+  config.train.log_every = 5
+  config.train.eval_every = 15
+  config.train.checkpoint_every = 10
+  config.train.decode_every = 0
+  for k, v in train.items():
+    config.train[k] = v
+  return config

@@ -18,14 +18,14 @@ import jax
 import numpy as np
 
 sys.path.insert(0, ".")
-from tests.test_training import tiny_config  # pylint: disable=g-import-not-at-top
+from tests.helpers import tiny_experiment  # pylint: disable=g-import-not-at-top
 from transformer import inference, sharding, state as state_lib, training
 
 STEPS = 4
 
 
 def config_for(fsdp):
-  config = tiny_config("/tmp/unused")
+  config = tiny_experiment("/tmp/unused")
   config.train.fsdp = fsdp
   config.model.d_model = 128  # Big enough that FSDP really splits leaves.
   config.model.d_ff = 256

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.test_training import tiny_config
+from tests.helpers import tiny_experiment
 from transformer import checkpoints, sharding, state as state_lib, training
 from transformer import workdir as workdir_lib
 from transformer.average_checkpoints import average_checkpoints, mean_params
@@ -24,7 +24,7 @@ def workdir(tmp_path_factory):
   """A workdir with config, vocabulary and two different states saved at steps 10
   and 20 (no training needed); returns (path, the two states, abstract, shardings)."""
   path = str(tmp_path_factory.mktemp("avg"))
-  config = tiny_config(os.path.join(path, "tfds"))
+  config = tiny_experiment(os.path.join(path, "tfds"))
   training.save_config(config, path)
   tokenizer = tokenizer_lib.train(SCAN_WORDS, "word", 32)
   tokenizer.save(os.path.join(path, "spm.model"))

@@ -10,7 +10,7 @@ import sys
 import pytest
 import sacrebleu
 
-from tests.test_training import tiny_config
+from tests.helpers import tiny_experiment
 from transformer import data as data_lib
 from transformer import evaluate, metrics, training
 from transformer import workdir as workdir_lib
@@ -25,7 +25,7 @@ def trained_workdir(tmp_path_factory):
   done = base / "DONE"
   if not done.exists():
     shutil.rmtree(base, ignore_errors=True)  # A half-built one from a failed attempt.
-    config = tiny_config(base / "tfds", num_steps=20, eval_every=100, checkpoint_every=10)
+    config = tiny_experiment(base / "tfds", num_steps=20, eval_every=100, checkpoint_every=10)
     training.train_and_evaluate(config, str(base / "run"))
     done.touch()
   return str(base / "run")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import default
+from tests.helpers import tiny_experiment
 from transformer import checkpoints, sharding, state as state_lib, training
 
 # Adam's first update is g / (|g| + eps). With the paper's eps = 1e-9 it turns
@@ -24,28 +24,6 @@ from transformer import checkpoints, sharding, state as state_lib, training
 ADAM_EPS_NOTE = 1e-3
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tiny_config(data_dir, **train):
-  config = default.get_config()
-  config.model.num_layers = 1
-  config.model.d_model = 32
-  config.model.d_ff = 64
-  config.model.num_heads = 2
-  config.data.tfds_data_dir = str(data_dir)
-  config.data.eval_split = "test[:200]"
-  config.data.batching = "pack"
-  config.data.tokens_per_batch = 512
-  config.data.prefetch = 2
-  config.optim.warmup_steps = 20
-  config.train.num_steps = 30
-  config.train.log_every = 5
-  config.train.eval_every = 15
-  config.train.checkpoint_every = 10
-  config.train.decode_every = 0
-  for k, v in train.items():
-    config.train[k] = v
-  return config
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +42,7 @@ def restore_params(workdir, config, step=None):
 
 
 def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplog):
-  config = tiny_config(data_dir, decode_every=30, decode_examples=50)
+  config = tiny_experiment(data_dir, decode_every=30, decode_examples=50)
   workdir = str(tmp_path / "run")
   with caplog.at_level(logging.INFO):
     first = training.train_and_evaluate(config, workdir)
@@ -97,9 +75,9 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
   batches they read are lost and must be redone from the step-10 position."""
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   stopped = str(tmp_path / "stopped")
-  training.train_and_evaluate(tiny_config(data_dir, num_steps=20, eval_every=100), straight)
-  training.train_and_evaluate(tiny_config(data_dir, num_steps=10, eval_every=100), resumed)
-  training.train_and_evaluate(tiny_config(data_dir, num_steps=20, eval_every=100), resumed)
+  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), straight)
+  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=10, eval_every=100), resumed)
+  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), resumed)
 
   place_batch, placed = sharding.place_batch, []
 
@@ -111,12 +89,12 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
 
   monkeypatch.setattr(sharding, "place_batch", stop_before_step_16)
   with pytest.raises(KeyboardInterrupt):
-    training.train_and_evaluate(tiny_config(data_dir, num_steps=20, eval_every=100), stopped)
+    training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), stopped)
   monkeypatch.setattr(sharding, "place_batch", place_batch)
   assert os.listdir(os.path.join(stopped, "checkpoints")) == ["10"]
-  training.train_and_evaluate(tiny_config(data_dir, num_steps=20, eval_every=100), stopped)
+  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), stopped)
 
-  config = tiny_config(data_dir)
+  config = tiny_experiment(data_dir)
   a, data_a, _ = restore_params(straight, config, 20)
   for workdir in (resumed, stopped):
     b, data_b, _ = restore_params(workdir, config, 20)
@@ -126,7 +104,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
 
 
 def test_gradient_accumulation_equals_one_big_batch(data_dir):
-  config = tiny_config(data_dir)
+  config = tiny_experiment(data_dir)
   config.model.dropout = 0.0  # The micro-batches draw other dropout masks.
   config.optim.adam_eps = ADAM_EPS_NOTE
   mesh = sharding.make_mesh(jax.devices()[:1])
@@ -150,8 +128,8 @@ def test_gradient_accumulation_equals_one_big_batch(data_dir):
 
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, data_dir):
   workdir = str(tmp_path / "nan")
-  training.train_and_evaluate(tiny_config(data_dir, num_steps=10, eval_every=100), workdir)
-  config = tiny_config(data_dir, num_steps=30, eval_every=100, checkpoint_every=5)
+  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=10, eval_every=100), workdir)
+  config = tiny_experiment(data_dir, num_steps=30, eval_every=100, checkpoint_every=5)
   config.optim.learning_rate_scale = 1e30  # Diverges at once.
   with pytest.raises(FloatingPointError, match=r"training (loss|update norm|param norm) is "
                      r"(nan|inf) at step 1[1-5].*last good checkpoint is step 10"):
@@ -176,7 +154,7 @@ def test_update_that_blows_up_parameters_is_never_saved(tmp_path, data_dir, monk
 
   monkeypatch.setattr(optim, "make_optimizer", blowing_up_at_update_8)
   workdir = str(tmp_path / "blowup")
-  config = tiny_config(data_dir, num_steps=12, eval_every=100, log_every=100,
+  config = tiny_experiment(data_dir, num_steps=12, eval_every=100, log_every=100,
                        checkpoint_every=4, decode_every=4, decode_examples=20)
   with pytest.raises(FloatingPointError, match=r"training (param|update) norm is (nan|inf) "
                      r"at step 8.*last good checkpoint is step 4"):
@@ -193,7 +171,7 @@ def test_evaluation_rows_are_split_over_hosts(data_dir, monkeypatch):
   hosts' token counts add up to the single-host count (each host passing the
   whole batch counted every row H times). Two hosts are stood in for by
   evaluating as process 0 and then as process 1 of 2."""
-  config = tiny_config(data_dir)
+  config = tiny_experiment(data_dir)
   mesh = sharding.make_mesh(jax.devices()[:1])
   model, tx, _, shardings = state_lib.build(config, 23, mesh)
   params = state_lib.init_state(model, tx, config, shardings).params
@@ -240,7 +218,7 @@ def test_sharded_step_equals_single_device():
 def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp_path, data_dir):
   import shutil
   workdir = str(tmp_path / "corrupt")
-  config = tiny_config(data_dir, num_steps=20, eval_every=100)
+  config = tiny_experiment(data_dir, num_steps=20, eval_every=100)
   training.train_and_evaluate(config, workdir)
   ckpt = os.path.join(workdir, "checkpoints")
   shutil.rmtree(os.path.join(ckpt, "20", "state"))  # A damaged newest checkpoint.
@@ -259,7 +237,7 @@ def test_train_step_makes_no_host_transfers(data_dir):
   arrays: under jax.transfer_guard('disallow') any implicit host<->device copy (a
   numpy batch, a Python value pulled out of a traced array) raises. The control: the
   same step fed an unplaced numpy batch does raise."""
-  config = tiny_config(data_dir)
+  config = tiny_experiment(data_dir)
   mesh = sharding.make_mesh()
   model, tx, _, shardings = state_lib.build(config, 23, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
