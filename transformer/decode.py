@@ -307,10 +307,9 @@ def init_cache(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
 def first_cache_len(source_len: int) -> int:
   """Steps the decoding cache holds before it grows to its full length.
 
-  Outputs are about as long as their sources: on Multi30k EN->DE (beam 4,
-  S = 16 to 32) batches ran 13-50 steps against full caches of S + 50.
-  Starting at S + 8 decoded val at 77-79 sentences/s, against 65-72 for 2S,
-  75 for S + 16 and 52-61 with no growth (2-core CPU, interleaved runs).
+  Outputs are about as long as their sources, so most batches end well inside
+  S + S/4 steps and never pay for attending over (and reordering) the full
+  S + max_extra_len cache; the policy was chosen by measurement (benchmarks/README.md, 'Measurements behind the code').
   """
   return source_len + max(8, source_len // 4)
 

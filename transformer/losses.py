@@ -36,10 +36,9 @@ def cross_entropy_sums(logits_BxTxV, targets_BxT, weights_BxT, label_smoothing=0
 # so the forward pass is reductions over V (max, sum of exp, sum) and one gather,
 # with no log-probabilities, one-hot or argmax built; and the gradient is one
 # elementwise pass, d loss / d x = softmax(x) - q, with the one-hot an iota compare
-# (autodiff would scatter into zeros). On a 2-core CPU this made the small training
-# step 1.24x faster than log_softmax + argmax (and that 1.15x faster than optax's
-# smooth_labels + softmax_cross_entropy); the values and gradients are the same
-# (tests/test_losses.py).
+# (autodiff would scatter into zeros). The values and gradients are those of
+# optax's smooth_labels + softmax_cross_entropy (tests/test_losses.py); the
+# speed-up is in benchmarks/README.md, 'Measurements behind the code'.
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _smoothed_sums(logits, targets, weights, eps):

@@ -6,9 +6,9 @@ accumulation (preferred_element_type) and rounds the result to the input dtype,
 and its gradient does the same for both of its products. Autodiff of a plain
 half-precision dot_general gives the same values up to rounding, but on a CPU
 XLA runs a dot with a bfloat16 *output* at float32 speed, while bfloat16
-inputs with a float32 output run at about twice that (2-core Zen 4: 175 vs
-350-390 GFLOP/s at [4096, 256] x [256, 1024]). Half-precision gradients
-accumulated in float32 are also what mixed-precision training prescribes.
+inputs with a float32 output run at about twice that (benchmarks/README.md, 'Measurements behind the code').
+Half-precision gradients accumulated in float32 are also what mixed-precision
+training prescribes.
 """
 import functools
 

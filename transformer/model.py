@@ -72,9 +72,8 @@ def tied_logits(x_BxTxD, embedding_VxD):
 
   The gradient is written out only to choose the form of the embedding's:
   d embedding = (x^T @ d logits)^T. From autodiff's form, d logits^T @ x, XLA's
-  CPU layout assignment made a transposed copy of the [B*T, V] logits gradient
-  (the largest tensor of the step; 10% of the small step's time on a 2-core CPU).
-  Written this way the small training step ran 1.3x faster there.
+  CPU layout assignment makes a transposed copy of the [B*T, V] logits gradient,
+  the largest tensor of the step (benchmarks/README.md, 'Measurements behind the code').
   """
   return dot_f32(x_BxTxD, embedding_VxD, (2,), (1,))
 

@@ -12,16 +12,13 @@ directory is $TRANSFORMER_COMPILATION_CACHE, default ~/.cache/transformer/jax;
 TRANSFORMER_COMPILATION_CACHE=0 turns it off.
 
 On a CPU, XLA allocates and frees large buffers every step. glibc's malloc hands
-the big ones back to the kernel at once, and the next step faults them in again:
-with its defaults a SCAN training step took 68,700 minor page faults and ~650 ms
-on a 2-core CPU, ~450 faults and ~440-530 ms with
-GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (transparent huge pages). In a virtual
-machine that reports free memory to its host, memory handed back is also
-unmapped there after ~2 s, and re-touching it costs far more than a page fault.
-On this project's 2-core VM (benchmarks/run.py's allocator probe, small step,
-fresh processes): glibc with the tunable 2.2 s a step, 3.3 s after a 2 s pause;
-tcmalloc told never to release memory (TCMALLOC_RELEASE_RATE=0) 1.6 s either
-way. So the commands re-execute themselves once with the glibc tunable set and,
+the big ones back to the kernel at once, and the next step faults them in again;
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (transparent huge pages) removes most of
+those faults. In a virtual machine that reports free memory to its host, memory
+handed back is also unmapped there, and re-touching it costs far more than a
+page fault; tcmalloc told never to release memory (TCMALLOC_RELEASE_RATE=0)
+avoids both (figures: benchmarks/README.md, 'Measurements behind the code').
+So the commands re-execute themselves once with the glibc tunable set and,
 where gperftools' tcmalloc is installed (Debian/Ubuntu: libtcmalloc-minimal4),
 with it preloaded and set so.
 These variables act only at process start, hence the re-execution. Opt out with
