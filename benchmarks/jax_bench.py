@@ -123,9 +123,10 @@ def decoder(model, params, sources_BxS, *, mode, beam_size=4, max_extra_len=50):
   """(compile seconds, run) for transformer.decode.encode_and_decode under jit; run()
   decodes the batch once and returns its seconds."""
   from transformer import decode  # pylint: disable=g-import-not-at-top
-  jitted = jax.jit(functools.partial(decode.encode_and_decode, model, mode=mode,
-                                     beam_size=beam_size, max_extra_len=max_extra_len,
-                                     eos_id=NO_EOS))
+  from transformer.model import TransformerDecoding  # pylint: disable=g-import-not-at-top
+  jitted = jax.jit(functools.partial(decode.encode_and_decode, TransformerDecoding(model),
+                                     mode=mode, beam_size=beam_size,
+                                     max_extra_len=max_extra_len, eos_id=NO_EOS))
   inputs = jnp.asarray(sources_BxS)
 
   def run():

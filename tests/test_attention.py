@@ -52,8 +52,9 @@ def test_scale_is_one_head_not_d_model():
   np.testing.assert_allclose(out[0, 0, :, 0], [p, p], rtol=1e-5)
 
 
-def test_multi_head_split_merge_matches_per_head_matrices():
-  cfg = tiny_config()
+@pytest.mark.parametrize("bias", [False, True])
+def test_multi_head_split_merge_matches_per_head_matrices(bias):
+  cfg = tiny_config(attention_bias=bias)
   mha = MultiHeadAttention(cfg, self_attention=False)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(2, 3, cfg.d_model)), jnp.float32)
@@ -63,8 +64,11 @@ def test_multi_head_split_merge_matches_per_head_matrices():
   # Head i uses columns [i*K, (i+1)*K) of W_Q, W_K, W_V; the heads are concatenated
   # and multiplied by W_O (section 3.2.2).
   H, K, D = cfg.num_heads, cfg.head_dim, cfg.d_model
-  mat = lambda n: (np.asarray(params[n]["kernel"]).reshape(D, H * K),
-                   np.asarray(params[n]["bias"]).reshape(H * K))
+  # The paper's W^Q, W^K, W^V, W^O have no biases (the default); with them, zeros
+  # stand in for the ones absent.
+  assert ("bias" in params["query"]) == ("bias" in params["out"]) == bias
+  get_bias = lambda n, size: np.asarray(params[n].get("bias", np.zeros(size))).reshape(size)
+  mat = lambda n: (np.asarray(params[n]["kernel"]).reshape(D, H * K), get_bias(n, H * K))
   (wq, bq), (wk, bk), (wv, bv) = mat("query"), mat("key"), mat("value")
   wo = np.asarray(params["out"]["kernel"]).reshape(H * K, D)
   xs, ms = np.asarray(x), np.asarray(mem)
@@ -76,7 +80,7 @@ def test_multi_head_split_merge_matches_per_head_matrices():
     s = np.einsum("btk,bsk->bts", q, k) / math.sqrt(K)
     w = np.exp(s - s.max(-1, keepdims=True)); w /= w.sum(-1, keepdims=True)
     heads.append(np.einsum("bts,bsk->btk", w, v))
-  expected = np.concatenate(heads, -1) @ wo + np.asarray(params["out"]["bias"])
+  expected = np.concatenate(heads, -1) @ wo + get_bias("out", D)
   np.testing.assert_allclose(out, expected, atol=1e-4)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from transformer import decode
 from transformer.config import ModelConfig
-from transformer.model import Transformer, shift_right
+from transformer.model import Transformer, TransformerDecoding, shift_right
 
 V, H, T_MAX = 5, 97, 8          # toy vocab, hash buckets, max steps
 PAD, EOS, BOS = 0, 1, 2
@@ -356,6 +356,73 @@ def test_beam_returns_alive_when_nothing_finished():
 
 
 # ---------------------------------------------------------------------------
+# The decoding contract, with a stand-in model that is not a Transformer.
+
+class ToyDecoding(decode.DecodingModel):
+  """The hash toy of make_toy behind decode.DecodingModel: the parameters are its
+  logits table; an item's start hash is its first source token mod H; the cache
+  also records the tokens fed (so that it has a length for `grow`). Calls are
+  recorded while tracing: which methods ran and the cache lengths `step` saw."""
+  pad_id, bos_id, eos_id, max_len = PAD, BOS, EOS, T_MAX
+
+  def __init__(self):
+    self.seen = []
+
+  def encode(self, params, inputs_BxS):
+    self.seen.append('encode')
+    return inputs_BxS[:, 0] % H
+
+  def init_state(self, params, start_B, inputs_BxS, cache_len):
+    self.seen.append('init_state')
+    cache = {'h': start_B[:, None], 'i': jnp.int32(0),
+             'fed': jnp.zeros((inputs_BxS.shape[0], cache_len), jnp.int32)}
+    return {'start': start_B}, cache
+
+  def step(self, params, context, cache, ids_Nx1):
+    self.seen.append(('step', cache['fed'].shape[1]))
+    h_Nx1 = (cache['h'] * 7 + ids_Nx1 + 1) % H
+    fed = jax.lax.dynamic_update_slice(cache['fed'], ids_Nx1, (0, cache['i']))
+    return params[cache['i'], h_Nx1[:, 0]], {'h': h_Nx1, 'i': cache['i'] + 1, 'fed': fed}
+
+  def grow(self, cache, length):
+    self.seen.append(('grow', length))
+    return {**cache, 'fed': jnp.pad(cache['fed'], ((0, 0), (0, length - cache['fed'].shape[1])))}
+
+  def reorder(self, cache, parent_BxK):
+    self.seen.append('reorder')
+    return decode.gather_beams(cache, parent_BxK)
+
+
+def test_decoding_runs_any_model_through_the_contract(monkeypatch):
+  """encode_and_decode drives a model only through DecodingModel: on the toy it
+  equals the searches run on the toy's step function directly, calls encode
+  and init_state once, reorders through the model in beam search, and grows the
+  cache through the model when the loop runs past its first length."""
+  r = np.random.RandomState(30)
+  table = (2.0 * r.randn(T_MAX, H, V)).astype(np.float32)
+  table[..., PAD] = -np.inf
+  logits_fn, _ = make_toy(30)
+  B = 5
+  inputs_BxS = jnp.asarray(np.stack([np.arange(B) + H, np.full(B, 4)], 1), jnp.int32)
+  kw = dict(batch_size=B, max_len=T_MAX, bos_id=BOS, eos_id=EOS)
+  monkeypatch.setattr(decode, 'first_cache_len', lambda S: 3)
+  for mode in ('greedy', 'beam'):
+    toy = ToyDecoding()
+    got = decode.encode_and_decode(toy, jnp.asarray(table), inputs_BxS, mode=mode,
+                                   beam_size=3, alpha=0.6, max_extra_len=T_MAX)
+    if mode == 'greedy':
+      want = decode.greedy_search(logits_fn, toy_cache(B), **kw)
+    else:
+      want = decode.beam_search(logits_fn, toy_cache(B, 3), beam_size=3, alpha=0.6,
+                                best_only=True, **kw)[0][:, 0]
+    np.testing.assert_array_equal(got, want)
+    assert toy.seen.count('encode') == toy.seen.count('init_state') == 1
+    assert ('grow', T_MAX) in toy.seen
+    assert {x[1] for x in toy.seen if isinstance(x, tuple) and x[0] == 'step'} == {3, T_MAX}
+    assert ('reorder' in toy.seen) == (mode == 'beam')
+
+
+# ---------------------------------------------------------------------------
 # The real model (tiny, randomly initialised).
 
 M_EOS, M_V = 3, 11
@@ -368,11 +435,13 @@ decode_jit = jax.jit(decode.encode_and_decode, **FAST,
 
 @functools.lru_cache(maxsize=None)
 def tiny_model():
+  """(the tiny Transformer's decoding contract, its parameters)."""
   cfg = ModelConfig(input_vocab_size=M_V, output_vocab_size=M_V, num_layers=2,
                     d_model=32, d_ff=64, num_heads=2, dropout=0.0, max_len=16)
   model = Transformer(cfg)
   ones = jnp.ones((1, 4), jnp.int32)
-  return model, jax.jit(model.init, **FAST)(jax.random.key(0), ones, ones)['params']
+  return (TransformerDecoding(model),
+          jax.jit(model.init, **FAST)(jax.random.key(0), ones, ones)['params'])
 
 
 def sources(lengths, width, seed=0):
@@ -397,8 +466,9 @@ def model_scores(model, params, inputs_BxS, ids_BxL, alpha):
 
 
 @functools.lru_cache(maxsize=None)
-def forward(model):
-  return jax.jit(model.apply, **FAST)
+def forward(decoding):
+  """The teacher-forced forward pass of the Transformer behind `decoding`."""
+  return jax.jit(decoding.model.apply, **FAST)
 
 
 # Shared by the model tests (fewer compilations). Row limits: 6 + 12 capped to
@@ -418,29 +488,28 @@ def test_cached_steps_equal_teacher_forced_forward():
 
   @functools.partial(jax.jit, **FAST)
   def incremental(params, inputs_BxS, dec_in_BxT):
-    encoded_BxSxD = model.apply({'params': params}, inputs_BxS, method='encode')
-    cache = decode.init_cache(model, params, encoded_BxSxD, inputs_BxS, 16)
-    logits_fn, cache = decode.make_logits_fn(model, params, encoded_BxSxD, inputs_BxS, cache)
+    context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 16)
 
     def step(cache, t):
-      logits_BxV, cache = logits_fn(jax.lax.dynamic_slice_in_dim(dec_in_BxT, t, 1, axis=1),
-                                    cache, t)
+      logits_BxV, cache = model.step(params, context, cache,
+                                     jax.lax.dynamic_slice_in_dim(dec_in_BxT, t, 1, axis=1))
       return cache, logits_BxV
 
     return jax.lax.scan(step, cache, jnp.arange(dec_in_BxT.shape[1]))[1]
 
-  # The encoder's keys/values stay out of the search state (never gathered);
-  # the self-attention caches and the shared 0-dim step counter are in it.
-  cache = jax.eval_shape(lambda p: decode.init_cache(
-      model, p, jnp.zeros((2, 6, 32)), inputs_BxS, 16), params)
-  leaves = jax.tree_util.tree_flatten_with_path(decode.make_logits_fn(
-      model, params, None, None, cache)[1])[0]
-  names = [jax.tree_util.keystr(path) for path, _ in leaves]
+  # The encoder's keys/values are context (never reordered by beam search);
+  # the self-attention caches and the shared 0-dim step counter are the cache.
+  context, cache = jax.eval_shape(lambda p: model.init_state(
+      p, jnp.zeros((2, 6, 32)), inputs_BxS, 16), params)
+  names = [jax.tree_util.keystr(path) for path, _ in
+           jax.tree_util.tree_flatten_with_path(cache)[0]]
   assert names and not any('cross_attention' in n for n in names)
   assert sum('self_attention' in n for n in names) == 2 * 2    # layers x (key, value)
-  assert [x.shape for _, x in leaves if x.ndim == 0] == [()]
+  assert [x.shape for x in jax.tree.leaves(cache) if x.ndim == 0] == [()]
+  assert sum('cross_attention' in jax.tree_util.keystr(p)
+             for p, _ in jax.tree_util.tree_flatten_with_path(context[2])[0]) == 2 * 2
 
-  logits_TxBxV = incremental(params, inputs_BxS, shift_right(targets_BxT, model.config.bos_id))
+  logits_TxBxV = incremental(params, inputs_BxS, shift_right(targets_BxT, model.bos_id))
   np.testing.assert_allclose(jnp.transpose(logits_TxBxV, (1, 0, 2)), full_BxTxV,
                              atol=1e-5, rtol=0)
 

@@ -1,6 +1,6 @@
 """Autoregressive decoding: greedy, sampling and beam search (Vaswani et al. 2017, sec. 6.1).
 
-The searches are model-agnostic. They drive a step function
+The searches drive a step function
     logits_fn(ids_Nx1, cache, step) -> (logits_NxV, new_cache)
 where N is the batch (greedy, sampling) or batch*beam (beam search, batch-major:
 row b*beam + k). Cache leaves have leading dim N; 0-dim leaves (e.g. a shared
@@ -15,15 +15,16 @@ All three take grow=(first_len, grow_fn): the cache given holds first_len
 steps, and grow_fn(cache) extends it to L if the loop gets that far.
 
 Beam scores use the GNMT length penalty with |Y| = generated tokens including
-EOS. `encode_and_decode` wires the searches to transformer.model.Transformer.
+EOS. `encode_and_decode` runs a search over any model that implements
+`DecodingModel`, the contract below; it knows nothing else of the model.
 """
 import functools
 from typing import Any, Callable, Optional, Tuple, Union
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 
 PAD_ID = 0  # Fills returned ids after EOS (the tokenizer's PAD).
 NEG_INF = -jnp.inf
@@ -52,7 +53,7 @@ def _choose_greedy(logits_NxV: Array, step: Array) -> Array:
   return jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
 
 
-def _while(cond_fn, body_fn, state: dict, out_len: int, grow) -> dict:
+def _while(cond_fn, body_fn, state, out_len: int, grow):
   """while cond_fn(state) and t < out_len: state = body_fn(state).
 
   With grow = (first_len, grow_fn) the cache starts with first_len positions:
@@ -61,13 +62,23 @@ def _while(cond_fn, body_fn, state: dict, out_len: int, grow) -> dict:
   shorter cache is cheaper to attend over and to reorder at every step.
   """
   def run(state, length):
-    return jax.lax.while_loop(lambda s: (s['t'] < length) & cond_fn(s), body_fn, state)
+    return jax.lax.while_loop(lambda s: (s.t < length) & cond_fn(s), body_fn, state)
 
   if grow is None or grow[0] >= out_len:
     return run(state, out_len)
   first_len, grow_fn = grow
   state = run(state, first_len)
-  return run({**state, 'cache': grow_fn(state['cache'])}, out_len)
+  return run(state.replace(cache=grow_fn(state.cache)), out_len)
+
+
+@flax.struct.dataclass
+class LoopState:
+  """Greedy and sampling: one token per row per step."""
+  t: Array  # int32 scalar: the step.
+  last: Array  # int32[B]: each row's last token (BOS at the start).
+  ids: Array  # int32[B, L]: the output so far.
+  finished: Array  # bool[B]: the row has emitted EOS.
+  cache: Any
 
 
 def _decode_loop(logits_fn: LogitsFn, cache: Any, choose_fn, *, batch_size: int,
@@ -80,19 +91,18 @@ def _decode_loop(logits_fn: LogitsFn, cache: Any, choose_fn, *, batch_size: int,
     return finished_B | (t >= max_len_B)
 
   def body_fn(s):
-    t = s['t']
-    logits_BxV, cache = logits_fn(s['last'][:, None], s['cache'], t)
-    done_B = done_fn(t, s['finished'])
+    t = s.t
+    logits_BxV, cache = logits_fn(s.last[:, None], s.cache, t)
+    done_B = done_fn(t, s.finished)
     # Done rows still flow through logits_fn (fixed shapes) but emit PAD.
     tok_B = jnp.where(done_B, PAD_ID, choose_fn(logits_BxV, t))
-    return dict(t=t + 1, last=tok_B, ids=s['ids'].at[:, t].set(tok_B),
-                finished=s['finished'] | (~done_B & (tok_B == eos_id)), cache=cache)
+    return LoopState(t=t + 1, last=tok_B, ids=s.ids.at[:, t].set(tok_B),
+                     finished=s.finished | (~done_B & (tok_B == eos_id)), cache=cache)
 
-  init = dict(t=jnp.int32(0), last=jnp.full((batch_size,), bos_id, jnp.int32),
-              ids=jnp.full((batch_size, L), PAD_ID, jnp.int32),
-              finished=jnp.zeros((batch_size,), bool), cache=cache)
-  return _while(lambda s: ~jnp.all(done_fn(s['t'], s['finished'])), body_fn, init,
-                L, grow)['ids']
+  init = LoopState(t=jnp.int32(0), last=jnp.full((batch_size,), bos_id, jnp.int32),
+                   ids=jnp.full((batch_size, L), PAD_ID, jnp.int32),
+                   finished=jnp.zeros((batch_size,), bool), cache=cache)
+  return _while(lambda s: ~jnp.all(done_fn(s.t, s.finished)), body_fn, init, L, grow).ids
 
 
 def greedy_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
@@ -157,10 +167,26 @@ def gather_beams(tree: Any, parent_BxK: Array) -> Any:
   return jax.tree.map(gather, tree)
 
 
+@flax.struct.dataclass
+class BeamState:
+  """Beam search over B items of K beams (rows b*K + k of the cache)."""
+  t: Array  # int32 scalar: the step.
+  done: Array  # bool[B]: the item has stopped; its state is frozen.
+  steps: Array  # int32[B]: steps the item was active (the alive beams' length).
+  live_logp: Array  # float32[B, K]: log P of the alive beams, best first.
+  live_seqs: Array  # int32[B, K, L]
+  last: Array  # int32[B, K]: each alive beam's last token.
+  fin_score: Array  # float32[B, K]: finished hypotheses, logp / lp(length), best first.
+  fin_ok: Array  # bool[B, K]: the finished slot holds a hypothesis.
+  fin_seqs: Array  # int32[B, K, L]
+  cache: Any
+
+
 def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 beam_size: int, alpha: float, max_len: MaxLen, bos_id: int,
                 eos_id: int, out_len: Optional[int] = None,
-                best_only: bool = False, grow=None) -> Tuple[Array, Array]:
+                best_only: bool = False, grow=None,
+                reorder_fn: Callable[[Any, Array], Any] = None) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -181,42 +207,45 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   Output: finished hypotheses (ending in EOS, PAD after) sorted by score, then,
   to fill the K rows, alive ones (no EOS, score = logp / lp(their length)):
   an item with nothing finished returns its alive beams.
-  The cache must have N = batch_size * beam_size rows (batch-major).
+  The cache must have N = batch_size * beam_size rows (batch-major);
+  reorder_fn(cache, parent_BxK) picks each new beam's parent row (default
+  gather_beams).
   """
   B, K = batch_size, beam_size
+  reorder_fn = reorder_fn or gather_beams
   max_len_B, L = _row_limits(max_len, B, out_len)
 
   def stop_fn(s):
-    live_best_B = s['live_logp'][:, 0]
+    live_best_B = s.live_logp[:, 0]
     # Future finished lengths lie in [t+1, max_len]; lp is monotone, so the
     # largest penalty (the best score for logp < 0) is at one end.
-    lp_best_B = jnp.maximum(length_penalty(s['t'] + 1, alpha),
+    lp_best_B = jnp.maximum(length_penalty(s.t + 1, alpha),
                             length_penalty(max_len_B, alpha))
     fin_B = (jnp.max if best_only else jnp.min)(
-        jnp.where(s['fin_ok'], s['fin_score'], NEG_INF), axis=1)
+        jnp.where(s.fin_ok, s.fin_score, NEG_INF), axis=1)
     # Without best_only all K finished hypotheses must be final (the worst one
     # beats the bound; an empty slot is -inf); with it, the best one alone.
-    return ((s['t'] >= max_len_B) | (live_best_B == NEG_INF)
+    return ((s.t >= max_len_B) | (live_best_B == NEG_INF)
             | (fin_B > live_best_B / lp_best_B))
 
   def done_fn(s):
     # Sticky: the tests above depend on t, and a stopped item's state is frozen,
     # so they could turn false again later; a stopped item never restarts.
-    return s['done'] | stop_fn(s)
+    return s.done | stop_fn(s)
 
   def body_fn(s):
-    t = s['t']
+    t = s.t
     done_B = done_fn(s)
     active_B = ~done_B
-    logits_NxV, cache = logits_fn(s['last'].reshape(B * K, 1), s['cache'], t)
+    logits_NxV, cache = logits_fn(s.last.reshape(B * K, 1), s.cache, t)
     V = logits_NxV.shape[-1]
     logp_BxKxV = (jax.nn.log_softmax(logits_NxV.astype(jnp.float32)).reshape(B, K, V)
-                  + s['live_logp'][:, :, None])
+                  + s.live_logp[:, :, None])
     # 2K candidates guarantee K that do not end in EOS.
     cand_logp_Bx2K, cand_idx_Bx2K = jax.lax.top_k(logp_BxKxV.reshape(B, K * V), 2 * K)
     cand_parent_Bx2K = cand_idx_Bx2K // V
     cand_tok_Bx2K = (cand_idx_Bx2K % V).astype(jnp.int32)
-    cand_seqs_Bx2KxL = _take(s['live_seqs'], cand_parent_Bx2K).at[:, :, t].set(cand_tok_Bx2K)
+    cand_seqs_Bx2KxL = _take(s.live_seqs, cand_parent_Bx2K).at[:, :, t].set(cand_tok_Bx2K)
     cand_eos_Bx2K = cand_tok_Bx2K == eos_id
 
     # Alive: the best K candidates not ending in EOS.
@@ -230,10 +259,10 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     cand_ok_Bx2K = cand_eos_Bx2K & (cand_logp_Bx2K > NEG_INF) & in_beam_Bx2K
     cand_score_Bx2K = jnp.where(cand_ok_Bx2K,
                                 cand_logp_Bx2K / length_penalty(t + 1, alpha), NEG_INF)
-    all_score_Bx3K = jnp.concatenate([s['fin_score'], cand_score_Bx2K], axis=1)
+    all_score_Bx3K = jnp.concatenate([s.fin_score, cand_score_Bx2K], axis=1)
     fin_score_BxK, fin_sel_BxK = jax.lax.top_k(all_score_Bx3K, K)
-    fin_ok_BxK = _take(jnp.concatenate([s['fin_ok'], cand_ok_Bx2K], axis=1), fin_sel_BxK)
-    fin_seqs_BxKxL = _take(jnp.concatenate([s['fin_seqs'], cand_seqs_Bx2KxL], axis=1),
+    fin_ok_BxK = _take(jnp.concatenate([s.fin_ok, cand_ok_Bx2K], axis=1), fin_sel_BxK)
+    fin_seqs_BxKxL = _take(jnp.concatenate([s.fin_seqs, cand_seqs_Bx2KxL], axis=1),
                            fin_sel_BxK)
 
     # Done items keep their state, so an item's result does not depend on
@@ -243,22 +272,22 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
       return jnp.where(a, new, old)
 
     parent_BxK = keep(parent_BxK, jnp.broadcast_to(jnp.arange(K, dtype=parent_BxK.dtype), (B, K)))
-    return dict(
+    return BeamState(
         t=t + 1,
         done=done_B,
-        steps=s['steps'] + active_B.astype(jnp.int32),
-        live_logp=keep(live_logp_BxK, s['live_logp']),
-        live_seqs=keep(_take(cand_seqs_Bx2KxL, sel_BxK), s['live_seqs']),
-        last=keep(_take(cand_tok_Bx2K, sel_BxK), s['last']),
-        fin_score=keep(fin_score_BxK, s['fin_score']),
-        fin_ok=keep(fin_ok_BxK, s['fin_ok']),
-        fin_seqs=keep(fin_seqs_BxKxL, s['fin_seqs']),
+        steps=s.steps + active_B.astype(jnp.int32),
+        live_logp=keep(live_logp_BxK, s.live_logp),
+        live_seqs=keep(_take(cand_seqs_Bx2KxL, sel_BxK), s.live_seqs),
+        last=keep(_take(cand_tok_Bx2K, sel_BxK), s.last),
+        fin_score=keep(fin_score_BxK, s.fin_score),
+        fin_ok=keep(fin_ok_BxK, s.fin_ok),
+        fin_seqs=keep(fin_seqs_BxKxL, s.fin_seqs),
         # The cache is reordered by the chosen parents, never recomputed.
-        cache=gather_beams(cache, parent_BxK.astype(jnp.int32)),
+        cache=reorder_fn(cache, parent_BxK.astype(jnp.int32)),
     )
 
   # Only beam 0 is alive at the start so the K beams do not duplicate.
-  init = dict(
+  init = BeamState(
       t=jnp.int32(0),
       done=jnp.zeros((B,), bool),
       steps=jnp.zeros((B,), jnp.int32),
@@ -273,35 +302,54 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   )
   s = _while(lambda s: ~jnp.all(done_fn(s)), body_fn, init, L, grow)
 
-  live_score_BxK = s['live_logp'] / length_penalty(s['steps'], alpha)[:, None]
-  score_Bx2K = jnp.concatenate([s['fin_score'], live_score_BxK], axis=1)
-  ok_Bx2K = jnp.concatenate([s['fin_ok'], jnp.zeros((B, K), bool)], axis=1)
+  live_score_BxK = s.live_logp / length_penalty(s.steps, alpha)[:, None]
+  score_Bx2K = jnp.concatenate([s.fin_score, live_score_BxK], axis=1)
+  ok_Bx2K = jnp.concatenate([s.fin_ok, jnp.zeros((B, K), bool)], axis=1)
   # Finished first, then by score; empty finished slots (-inf) sort last.
   order_BxK = jnp.lexsort((-score_Bx2K, ~ok_Bx2K), axis=-1)[:, :K]
-  seqs_Bx2KxL = jnp.concatenate([s['fin_seqs'], s['live_seqs']], axis=1)
+  seqs_Bx2KxL = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
   return _take(seqs_Bx2KxL, order_BxK), _take(score_Bx2K, order_BxK)
 
 
 # ----------------------------------------------------------------------------
-# Glue to transformer.model.Transformer.
+# The contract a model implements to be decoded, and the search over it.
 
-# Cache leaves under this name hold the encoder's keys/values: equal across the
-# beams of one item, so they live outside the search state and are never gathered.
-_STATIC_CACHE_NAME = 'cross_attention'
+class DecodingModel:
+  """What decoding needs from a model; transformer.model.TransformerDecoding is one.
 
-
-def init_cache(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
-               max_len: int) -> Any:
-  """Decode-mode cache for N = encoded.shape[0] rows and `max_len` steps.
-
-  Runs `decode` in decode mode without a cache on dummy [N, max_len] inputs:
-  this creates zero self-attention caches of that length and the encoder's
-  cross-attention keys/values (under jit the unused dummy logits are removed).
+  Decoding runs `encode` once per batch, then `init_state` for `cache_len` steps,
+  which splits the decoding state in two: the *context*, which every step reads
+  and none changes (the encoder's output, the cross-attention keys/values), and
+  the *cache*, which each step updates (self-attention keys/values, a recurrent
+  state). Beam search repeats both for the beams of an item (batch-major rows
+  b*K + k) and reorders only the cache. Implementations are hashable (they are
+  static under jit): frozen dataclasses of a Flax module do.
   """
-  dummy_NxL = jnp.zeros((encoded_NxSxD.shape[0], max_len), jnp.int32)
-  _, variables = model.apply({'params': params}, encoded_NxSxD, inputs_NxS, dummy_NxL,
-                             decode=True, mutable=['cache'], method='decode')
-  return variables['cache']
+  pad_id: int
+  bos_id: int
+  eos_id: int
+  max_len: int  # Longest output the model can produce (decoder positions).
+
+  def encode(self, params, inputs_BxS: Array) -> Any:
+    """The sources' encoding, computed once per batch."""
+    raise NotImplementedError
+
+  def init_state(self, params, encoded: Any, inputs_BxS: Array,
+                 cache_len: int) -> Tuple[Any, Any]:
+    """(context, cache) for B rows, the cache holding `cache_len` steps."""
+    raise NotImplementedError
+
+  def step(self, params, context: Any, cache: Any, ids_Nx1: Array) -> Tuple[Array, Any]:
+    """The next token's logits for each row given its last token -> (logits_NxV, cache)."""
+    raise NotImplementedError
+
+  def grow(self, cache: Any, length: int) -> Any:
+    """The cache extended to hold `length` steps (a no-op where it has no length)."""
+    raise NotImplementedError
+
+  def reorder(self, cache: Any, parent_BxK: Array) -> Any:
+    """Beam search: row b*K + k of the new cache is row b*K + parent[b, k] of the old."""
+    return gather_beams(cache, parent_BxK)
 
 
 def first_cache_len(source_len: int) -> int:
@@ -309,89 +357,56 @@ def first_cache_len(source_len: int) -> int:
 
   Outputs are about as long as their sources, so most batches end well inside
   S + S/4 steps and never pay for attending over (and reordering) the full
-  S + max_extra_len cache; the policy was chosen by measurement (benchmarks/README.md, 'Measurements behind the code').
+  S + max_extra_len cache; the policy was chosen by measurement
+  (benchmarks/README.md, 'Measurements behind the code').
   """
   return source_len + max(8, source_len // 4)
 
 
-def _grow_cache(cache: Any, length: int) -> Any:
-  """Self-attention keys/values ([N, H, steps, K]) padded to `length` steps."""
-  def grow(x):
-    if x.ndim != 4:
-      return x
-    return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
-  return jax.tree.map(grow, cache)
+def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
+                      mode: str = 'greedy', beam_size: int = 4, alpha: float = 0.6,
+                      max_extra_len: int = 50, rng: Optional[Array] = None,
+                      temperature: float = 1.0, top_k: int = 0,
+                      eos_id: Optional[int] = None) -> Array:
+  """Source ids (PAD on the right) -> output ids_BxL, L = min(S + max_extra_len,
+  model.max_len); best beam in 'beam' mode. `model` is a DecodingModel.
 
-
-def _split_static(cache: Any) -> Tuple[Any, dict]:
-  flat = traverse_util.flatten_dict(cache)
-  static = {k: v for k, v in flat.items() if _STATIC_CACHE_NAME in k}
-  moving = {k: v for k, v in flat.items() if _STATIC_CACHE_NAME not in k}
-  return traverse_util.unflatten_dict(moving), static
-
-
-def make_logits_fn(model, params, encoded_NxSxD: Array, inputs_NxS: Array,
-                   cache: Any) -> Tuple[LogitsFn, Any]:
-  """(search step of the model, the search's part of `cache`) for N rows.
-
-  The cross-attention keys/values stay in the closure: the search then never
-  gathers them (exact: all beams of an item hold the same ones).
-  """
-  search_cache, static = _split_static(cache)
-
-  def logits_fn(ids_Nx1, cache, step):
-    del step  # The model keeps its own step counter in the cache.
-    full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache), **static})
-    logits_Nx1xV, variables = model.apply(
-        {'params': params, 'cache': full}, encoded_NxSxD, inputs_NxS, ids_Nx1,
-        decode=True, mutable=['cache'], method='decode')
-    return logits_Nx1xV[:, 0], _split_static(variables['cache'])[0]
-
-  return logits_fn, search_cache
-
-
-def encode_and_decode(model, params, inputs_BxS: Array, *, mode: str = 'greedy',
-                      beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
-                      rng: Optional[Array] = None, temperature: float = 1.0,
-                      top_k: int = 0, eos_id: Optional[int] = None) -> Array:
-  """Source ids (PAD = 0 on the right) -> output ids_BxL, L = min(S + max_extra_len,
-  model max_len); best beam in 'beam' mode.
-
-  Row b emits at most min(len_b + max_extra_len, model max_len) tokens (EOS
+  Row b emits at most min(len_b + max_extra_len, model.max_len) tokens (EOS
   included), len_b = its non-PAD source tokens (sec. 6.1); an all-PAD row
-  (batch padding) emits none. The encoder runs
-  once; beams share it by repetition. Jittable with model, mode, beam_size,
-  max_extra_len, top_k (and temperature if 0) static; L, hence the compiled
-  program, depends on the source width S. `eos_id` defaults to the model
-  config's.
+  (batch padding) emits none. The encoder runs once; beams share it by
+  repetition. Jittable with model, mode, beam_size, max_extra_len, top_k (and
+  temperature if 0) static; L, hence the compiled program, depends on the source
+  width S. `eos_id` defaults to the model's.
   """
   if mode not in ('greedy', 'beam', 'sample'):
     raise ValueError(f"mode must be 'greedy', 'beam' or 'sample', got {mode!r}")
   if mode == 'sample' and rng is None:
     raise ValueError("mode='sample' needs rng")
-  cfg = model.config
   B, S = inputs_BxS.shape
-  L = min(S + max_extra_len, cfg.max_len)  # Decoder positions must exist.
-  src_len_B = jnp.sum(inputs_BxS != cfg.pad_id, axis=1)
+  L = min(S + max_extra_len, model.max_len)  # Decoder positions must exist.
+  src_len_B = jnp.sum(inputs_BxS != model.pad_id, axis=1)
   # An all-PAD row pads the batch: it emits nothing rather than keep the loop
   # running for max_extra_len steps of output no one reads.
   max_len_B = jnp.where(src_len_B > 0, jnp.minimum(src_len_B + max_extra_len, L), 0)
-  encoded_BxSxD = model.apply({'params': params}, inputs_BxS, method='encode')
   K = beam_size if mode == 'beam' else 1
   first_len = min(L, first_cache_len(S))
-  # The encoder's keys/values are computed once per item, then repeated for
-  # the beams (batch-major: row b*K + k), as is everything else.
-  repeat = lambda x: x if x.ndim == 0 else jnp.repeat(x, K, axis=0)
-  cache = jax.tree.map(repeat, init_cache(model, params, encoded_BxSxD, inputs_BxS,
-                                          first_len))
-  logits_fn, cache = make_logits_fn(model, params, repeat(encoded_BxSxD),
-                                    repeat(inputs_BxS), cache)
+  context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS,
+                                    first_len)
+  # Computed once per item, then repeated for the beams (batch-major: row b*K + k).
+  repeat = lambda tree: jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, K, axis=0),
+                                     tree)
+  context, cache = repeat(context), repeat(cache)
+
+  def logits_fn(ids_Nx1, cache, step):
+    del step  # The model keeps its own step, if it needs one, in the cache.
+    return model.step(params, context, cache, ids_Nx1)
+
   kw = dict(batch_size=B, max_len=max_len_B.astype(jnp.int32), out_len=L,
-            bos_id=cfg.bos_id, eos_id=cfg.eos_id if eos_id is None else eos_id,
-            grow=(first_len, functools.partial(_grow_cache, length=L)))
+            bos_id=model.bos_id, eos_id=model.eos_id if eos_id is None else eos_id,
+            grow=(first_len, functools.partial(model.grow, length=L)))
   if mode == 'greedy':
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':
     return sample(logits_fn, cache, rng, temperature=temperature, top_k=top_k, **kw)
   return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, best_only=True,
-                     **kw)[0][:, 0]
+                     reorder_fn=model.reorder, **kw)[0][:, 0]

@@ -10,6 +10,7 @@ import numpy as np
 from transformer import data as data_lib
 from transformer import decode, sharding
 from transformer import metrics as metrics_lib
+from transformer.model import TransformerDecoding
 
 MODES = ("greedy", "beam", "sample")
 # Compiled decoders by (settings, batch shape, parameter layout). jax.jit would also
@@ -46,8 +47,8 @@ def _compiled(model, params, inputs, rng, mesh, settings):
 
     def run(params, inputs_BxS, rng):
       return decode.encode_and_decode(
-          model, params, inputs_BxS, mode=mode, beam_size=beam_size, alpha=alpha,
-          max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
+          TransformerDecoding(model), params, inputs_BxS, mode=mode, beam_size=beam_size,
+          alpha=alpha, max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
           temperature=temperature, top_k=top_k)
 
     if len(_COMPILED) >= _MAX_COMPILED:

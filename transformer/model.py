@@ -5,15 +5,17 @@ Token ids are int32 with 0 = padding. Packed rows carry segment ids (1, 2, ...;
 0 on padding) and positions that restart at 0 for every packed example.
 """
 
+import dataclasses
 import math
 from typing import Optional
 
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import attention
+from transformer import attention, decode
 from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.mixed_precision import dense_dot_general, dot_f32
@@ -293,3 +295,59 @@ class Transformer(nn.Module):
     return self.decode(encoded_BxSxD, inputs_BxS, decoder_inputs_BxT,
                        inputs_segmentation, targets_segmentation, targets_position,
                        deterministic=deterministic)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerDecoding(decode.DecodingModel):
+  """The decoding contract (transformer.decode.DecodingModel) for a Transformer.
+
+  Context: the encoder output, the source ids (the cross-attention mask) and
+  every decoder layer's cross-attention keys/values. Cache: every decoder layer's
+  self-attention keys/values, [N, H, steps, K] (attention.py), and the decoder's
+  shared step counter.
+  """
+  model: Transformer
+
+  pad_id = property(lambda self: self.model.config.pad_id)
+  bos_id = property(lambda self: self.model.config.bos_id)
+  eos_id = property(lambda self: self.model.config.eos_id)
+  max_len = property(lambda self: self.model.config.max_len)
+
+  def encode(self, params, inputs_BxS):
+    return self.model.apply({"params": params}, inputs_BxS, method="encode")
+
+  def init_state(self, params, encoded_BxSxD, inputs_BxS, cache_len):
+    # `decode` in decode mode without a cache, on dummy [B, cache_len] inputs,
+    # creates zero self-attention caches of that length and the encoder's
+    # cross-attention keys/values (under jit the unused dummy logits are removed).
+    dummy_BxL = jnp.zeros((inputs_BxS.shape[0], cache_len), jnp.int32)
+    _, variables = self.model.apply({"params": params}, encoded_BxSxD, inputs_BxS,
+                                    dummy_BxL, decode=True, mutable=["cache"],
+                                    method="decode")
+    cross, cache = _split_cross_attention(variables["cache"])
+    return (encoded_BxSxD, inputs_BxS, cross), cache
+
+  def step(self, params, context, cache, ids_Nx1):
+    encoded_NxSxD, inputs_NxS, cross = context
+    full = traverse_util.unflatten_dict({**traverse_util.flatten_dict(cache),
+                                         **traverse_util.flatten_dict(cross)})
+    logits_Nx1xV, variables = self.model.apply(
+        {"params": params, "cache": full}, encoded_NxSxD, inputs_NxS, ids_Nx1,
+        decode=True, mutable=["cache"], method="decode")
+    return logits_Nx1xV[:, 0], _split_cross_attention(variables["cache"])[1]
+
+  def grow(self, cache, length):
+    def grow(path, x):
+      if path[-1] not in ("cached_key", "cached_value"):
+        return x
+      return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+    flat = traverse_util.flatten_dict(cache)
+    return traverse_util.unflatten_dict({k: grow(k, v) for k, v in flat.items()})
+
+
+def _split_cross_attention(cache):
+  """(cross-attention keys/values, the rest) of a decoder's 'cache' collection."""
+  flat = traverse_util.flatten_dict(cache)
+  cross = {k: v for k, v in flat.items() if "cross_attention" in k}
+  rest = {k: v for k, v in flat.items() if "cross_attention" not in k}
+  return traverse_util.unflatten_dict(cross), traverse_util.unflatten_dict(rest)
