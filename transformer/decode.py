@@ -186,7 +186,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 beam_size: int, alpha: float, max_len: MaxLen, bos_id: int,
                 eos_id: int, out_len: Optional[int] = None,
                 best_only: bool = False, grow=None,
-                reorder_fn: Callable[[Any, Array], Any] = None) -> Tuple[Array, Array]:
+                reorder_fn: Callable[[Any, Array], Any] = gather_beams
+                ) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -212,7 +213,6 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   gather_beams).
   """
   B, K = batch_size, beam_size
-  reorder_fn = reorder_fn or gather_beams
   max_len_B, L = _row_limits(max_len, B, out_len)
 
   def stop_fn(s):

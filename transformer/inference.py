@@ -96,13 +96,14 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   # runs until its longest output is done.
   order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
   sources = [(examples[i][0], examples[i][0][-1:]) for i in order]
+  multiple = sharding.row_multiple(mesh)
   for positions, batch in data_lib.eval_batches(sources, tokens_per_batch,
-                                                batch_multiple=mesh.size,
+                                                batch_multiple=multiple,
                                                 max_length=config.data.max_length):
     indices = [order[p] for p in positions.tolist()]
     inputs = batch["inputs"]
     rows, width = inputs.shape
-    rows = _row_count(rows, (tokens_per_batch // width) // mesh.size * mesh.size, mesh.size)
+    rows = _row_count(rows, (tokens_per_batch // width) // multiple * multiple, multiple)
     inputs = np.pad(inputs, ((0, rows - inputs.shape[0]), (0, 0)))
     placed = sharding.place_batch(sharding.host_rows({"inputs": inputs}), mesh)["inputs"]
     batch_rng = jax.random.fold_in(rng, batches)

@@ -5,6 +5,7 @@ One rule serves parameters and optimizer state alike: Adam's moments have the
 parameters' shapes, so they land where their parameters are.
 """
 
+import math
 import os
 
 import jax
@@ -57,6 +58,12 @@ def state_shardings(abstract_state, mesh: Mesh, fsdp: bool):
   size = mesh.shape[DATA_AXIS]
   return jax.tree.map(
       lambda x: NamedSharding(mesh, leaf_spec(x.shape, size, fsdp)), abstract_state)
+
+
+def row_multiple(mesh: Mesh) -> int:
+  """What a batch built whole on every host pads its rows to, so that they split
+  evenly over the hosts (host_rows) and then over the devices."""
+  return math.lcm(mesh.size, jax.process_count())
 
 
 def host_rows(batch: dict) -> dict:

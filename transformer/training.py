@@ -5,7 +5,6 @@
 
 import functools
 import json
-import math
 import os
 import time
 
@@ -111,7 +110,7 @@ def evaluate_loss(eval_fn, params, examples, config, mesh):
   totals = None
   # Every host builds the same batches and places its own share of their rows.
   for _, batch in data_lib.eval_batches(examples, config.data.tokens_per_batch,
-                                        batch_multiple=math.lcm(mesh.size, jax.process_count()),
+                                        batch_multiple=sharding.row_multiple(mesh),
                                         max_length=config.data.max_length):
     sums = eval_fn(params, sharding.place_batch(sharding.host_rows(batch), mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
