@@ -61,7 +61,7 @@ def setup(size):
   """(model, train state, jitted train step, mesh) exactly as train_and_evaluate builds them."""
   config = common.experiment_config(size)
   mesh = sharding.make_mesh()
-  model, tx, _, shardings = state_lib.build(config, size.vocab_size, mesh)
+  model, tx, _, shardings, _ = state_lib.build(config, size.vocab_size, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
   step, _ = training.compile_steps(model, tx, config, mesh, shardings)
   return model, state, step, mesh

@@ -79,7 +79,7 @@ def _setup(size, batch, name):
   with variant(name):
     config = _config(size, name)
     mesh = sharding.make_mesh()
-    model, tx, _, shardings = state_lib.build(config, size.vocab_size, mesh)
+    model, tx, _, shardings, _ = state_lib.build(config, size.vocab_size, mesh)
     state = state_lib.init_state(model, tx, config, shardings)
     step, _ = training.compile_steps(model, tx, config, mesh, shardings)
     return model, state, step, sharding.place_batch(batch, mesh)

@@ -44,7 +44,7 @@ def batches():
 def train(devices, fsdp):
   config = config_for(fsdp)
   mesh = sharding.make_mesh(devices)
-  model, tx, _, shardings = state_lib.build(config, 24, mesh)
+  model, tx, _, shardings, _ = state_lib.build(config, 24, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
   train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
   metrics = []
@@ -81,7 +81,7 @@ def main():
   # Decoding with the single-device parameters placed FSDP-style over 8 devices.
   config = config_for(fsdp=True)
   mesh = sharding.make_mesh()
-  _, _, abstract, shardings = state_lib.build(config, 24, mesh)
+  _, _, abstract, shardings, _ = state_lib.build(config, 24, mesh)
   params = jax.device_put(jax.device_get(single.params), shardings.params)
   assert any(sharding.DATA_AXIS in tuple(x.sharding.spec) for x in jax.tree.leaves(params))
   one = decode_all(model, single.params, config, sharding.make_mesh(jax.devices()[:1]))

@@ -29,7 +29,7 @@ def workdir(tmp_path_factory):
   tokenizer = tokenizer_lib.train(SCAN_WORDS, "word", 32)
   tokenizer.save(os.path.join(path, "spm.model"))
   mesh = sharding.make_mesh()
-  model, tx, abstract, shardings = state_lib.build(config, tokenizer.vocab_size, mesh)
+  model, tx, abstract, shardings, _ = state_lib.build(config, tokenizer.vocab_size, mesh)
   states = []
   checkpointer = checkpoints.Checkpointer(os.path.join(path, "checkpoints"))
   for seed, step in ((0, 10), (1, 20)):

@@ -42,7 +42,7 @@ def test_optimizer_updates_equal_adam_by_hand_over_several_steps(b1, b2, eps):
   shows (the first update alone is -lr * sign(g) whatever b1 and b2 are)."""
   config = base.get_config().optim
   config.adam_b1, config.adam_b2, config.adam_eps = b1, b2, eps
-  tx = optim.make_optimizer(config, d_model=512)
+  tx, _ = optim.make_optimizer(config, d_model=512)
   rng = np.random.default_rng(0)
   grads = [rng.normal(size=6) * rng.choice([1e-2, 1.0, 10.0]) for _ in range(8)]
   params = {"w": jnp.zeros(6)}
@@ -59,11 +59,13 @@ def test_optimizer_updates_equal_adam_by_hand_over_several_steps(b1, b2, eps):
 
 def test_optimizer_is_adam_with_paper_hyperparameters():
   config = base.get_config().optim
-  tx = optim.make_optimizer(config, d_model=512)
+  tx, schedule = optim.make_optimizer(config, d_model=512)
   params = {"w": jnp.asarray([1.0, -2.0])}
   grads = {"w": jnp.asarray([0.5, 0.25])}
   updates, _ = tx.update(grads, tx.init(params), params)
   # First Adam step: m_hat = g, v_hat = g^2, update = -lr * g / (|g| + eps).
   lr = 512**-0.5 * 4000**-1.5
   np.testing.assert_allclose(updates["w"], -lr * np.sign([0.5, 0.25]), rtol=1e-5)
+  # The returned schedule (what training logs) is the rate that update used.
+  np.testing.assert_allclose(float(schedule(0)), lr, rtol=1e-6)
   assert (config.adam_b1, config.adam_b2, config.adam_eps) == (0.9, 0.98, 1e-9)

@@ -35,7 +35,7 @@ def restore_params(workdir, config, step=None):
   mesh = sharding.make_mesh(jax.devices()[:1])
   from transformer.data import tokenizer
   vocab = tokenizer.Tokenizer.load(os.path.join(workdir, "spm.model")).vocab_size
-  _, _, abstract, shardings = state_lib.build(config, vocab, mesh)
+  _, _, abstract, shardings, _ = state_lib.build(config, vocab, mesh)
   state, data_state, restored_step = checkpoints.Checkpointer(
       os.path.join(workdir, "checkpoints"), read_only=True).restore(abstract, shardings, step)
   return state, data_state, restored_step
@@ -46,12 +46,14 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   workdir = str(tmp_path / "run")
   with caplog.at_level(logging.INFO):
     first = training.train_and_evaluate(config, workdir)
-  waits = [float(w) for w in re.findall(r"input wait ([0-9.]+)%", caplog.text)]
-  assert len(waits) == 30 // 5 and all(0 <= w <= 100 for w in waits)
+  waits = [float(w) for w in re.findall(r"train/input_wait_fraction=([0-9.e-]+)",
+                                         caplog.text)]
+  assert len(waits) == 30 // 5 and all(0 <= w <= 1 for w in waits)
+  assert re.search(r"notes: [0-9.]+ steps/s, 100.0% \(30/30\)", caplog.text)
   # Learning, against thresholds an untrained model misses: it scores 0.12
   # teacher-forced accuracy; these 30 steps 0.51, and 0.38 position-wise token
   # accuracy of greedy decoding (exact match is still 0: SCAN needs ~1000 steps).
-  decoded = re.findall(r"decode eval at step 30: .*token_accuracy ([0-9.]+)", caplog.text)
+  decoded = re.findall(r"\[30\] decode/.*decode/token_accuracy=([0-9.]+)", caplog.text)
   assert first["accuracy"] > 0.4
   assert float(decoded[0]) > 0.3 and first["exact_match"] == 0.0
   assert os.listdir(os.path.join(workdir, "checkpoints_best")) == ["30"]
@@ -108,7 +110,7 @@ def test_gradient_accumulation_equals_one_big_batch(data_dir):
   config.model.dropout = 0.0  # The micro-batches draw other dropout masks.
   config.optim.adam_eps = ADAM_EPS_NOTE
   mesh = sharding.make_mesh(jax.devices()[:1])
-  model, tx, _, shardings = state_lib.build(config, 23, mesh)
+  model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
   rng = np.random.default_rng(0)
   targets = rng.integers(4, 23, size=(8, 12)).astype(np.int32)
@@ -149,8 +151,9 @@ def test_update_that_blows_up_parameters_is_never_saved(tmp_path, data_dir, monk
   make_optimizer = optim.make_optimizer
 
   def blowing_up_at_update_8(config, d_model):  # The update of step 8 is scaled by inf.
-    return optax.chain(make_optimizer(config, d_model), optax.scale_by_schedule(
-        lambda count: jnp.where(count == 7, jnp.inf, 1.0)))
+    tx, schedule = make_optimizer(config, d_model)
+    return optax.chain(tx, optax.scale_by_schedule(
+        lambda count: jnp.where(count == 7, jnp.inf, 1.0))), schedule
 
   monkeypatch.setattr(optim, "make_optimizer", blowing_up_at_update_8)
   workdir = str(tmp_path / "blowup")
@@ -173,7 +176,7 @@ def test_evaluation_rows_are_split_over_hosts(data_dir, monkeypatch):
   evaluating as process 0 and then as process 1 of 2."""
   config = tiny_experiment(data_dir)
   mesh = sharding.make_mesh(jax.devices()[:1])
-  model, tx, _, shardings = state_lib.build(config, 23, mesh)
+  model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
   params = state_lib.init_state(model, tx, config, shardings).params
   _, eval_fn = training.compile_steps(model, tx, config, mesh, shardings)
   rng = np.random.default_rng(0)
@@ -239,7 +242,7 @@ def test_train_step_makes_no_host_transfers(data_dir):
   same step fed an unplaced numpy batch does raise."""
   config = tiny_experiment(data_dir)
   mesh = sharding.make_mesh()
-  model, tx, _, shardings = state_lib.build(config, 23, mesh)
+  model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
   train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
   rng = np.random.default_rng(0)

@@ -63,7 +63,7 @@ def average_checkpoints(workdir, last=5, mesh=None):
   config = workdir_lib.load_config(workdir)
   vocab_size = workdir_lib.load_tokenizer(workdir, config).vocab_size
   mesh = mesh or sharding.make_mesh()
-  _, _, abstract, shardings = state_lib.build(config, vocab_size, mesh)
+  _, _, abstract, shardings, _ = state_lib.build(config, vocab_size, mesh)
   source_dir, _ = workdir_lib.checkpoint_location(workdir, "latest")
   source = checkpoints.Checkpointer(source_dir, read_only=True)
   steps = source.steps()

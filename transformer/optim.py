@@ -18,11 +18,13 @@ def transformer_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 
   return schedule
 
 
-def make_optimizer(config, d_model: int) -> optax.GradientTransformation:
-  """Adam(beta1=0.9, beta2=0.98, eps=1e-9) on the schedule above (5.3).
+def make_optimizer(config, d_model: int):
+  """(Adam(beta1=0.9, beta2=0.98, eps=1e-9), its schedule) (5.3).
 
   `config` holds learning_rate_scale, warmup_steps, adam_b1, adam_b2, adam_eps,
   weight_decay and grad_clip_norm (0 = off); the last two are not in the paper.
+  The schedule is returned so that what training logs is what Adam used: it maps
+  the number of updates done (the train state's step) to the next update's rate.
   """
   schedule = transformer_schedule(d_model, config.warmup_steps, config.learning_rate_scale)
   parts = []
@@ -30,4 +32,4 @@ def make_optimizer(config, d_model: int) -> optax.GradientTransformation:
     parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
   parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
                            eps=config.adam_eps, weight_decay=config.weight_decay))
-  return optax.chain(*parts)
+  return optax.chain(*parts), schedule

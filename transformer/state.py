@@ -1,6 +1,8 @@
 """The training state and how it is built: what training, inference and restoring a
 workdir share (config -> model -> state; nothing here knows of data or decoding)."""
 
+from typing import Callable, NamedTuple
+
 import flax
 import jax
 import jax.numpy as jnp
@@ -29,14 +31,22 @@ def create_state(model, tx, rng, batch_shape=(1, 8)) -> TrainState:
                     opt_state=tx.init(params), rng=jax.random.key_data(train_rng))
 
 
-def build(config, vocab_size, mesh):
-  """(model, optimizer, abstract state, state shardings) for a config."""
+class Built(NamedTuple):
+  """What a config builds before any data is seen."""
+  model: Transformer
+  tx: optax.GradientTransformation
+  abstract: TrainState  # Shapes and dtypes only (jax.ShapeDtypeStruct leaves).
+  shardings: TrainState  # Where each leaf lives on the mesh.
+  schedule: Callable  # Learning rate of the update after `count` updates.
+
+
+def build(config, vocab_size, mesh) -> Built:
   cfg = model_config(config, vocab_size)
   model = Transformer(cfg)
-  tx = optim.make_optimizer(config.optim, cfg.d_model)
+  tx, schedule = optim.make_optimizer(config.optim, cfg.d_model)
   abstract = jax.eval_shape(lambda: create_state(model, tx, jax.random.key(config.seed)))
   shardings = sharding.state_shardings(abstract, mesh, config.train.fsdp)
-  return model, tx, abstract, shardings
+  return Built(model, tx, abstract, shardings, schedule)
 
 
 def init_state(model, tx, config, shardings):

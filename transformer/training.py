@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from transformer import checkpoints, data as data_lib, inference, losses
-from transformer import metrics as metrics_lib, optim
+from transformer import metrics as metrics_lib
 from transformer import sharding, state as state_lib
 from transformer.config import check_config
 
@@ -125,58 +125,54 @@ def save_config(config, workdir) -> None:
 
 
 class _Progress:
-  """Console progress line and TensorBoard scalars for training."""
+  """Training metrics through clu: its writers (TensorBoard on the first host, the
+  log everywhere) and ReportProgress (steps/s, ETA, time spent in evaluation);
+  tokens/s and the input wait are added here."""
 
-  def __init__(self, workdir, total_steps, start_step):
-    # Imported here: it pulls in TensorFlow, seconds that nothing else needs.
-    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top
-    self.writer = tensorboard.SummaryWriter(workdir) if jax.process_index() == 0 else None
-    self.total, self.start = total_steps, start_step
-    self.t0 = self.last_time = time.time()
-    self.last_step = start_step
-    self.tokens = 0.0
+  def __init__(self, workdir, total_steps, start_step, log_every):
+    # Imported here: clu's writers pull in TensorFlow, seconds that nothing else needs.
+    from clu import metric_writers, periodic_actions  # pylint: disable=g-import-not-at-top
+    self.writer = metric_writers.create_default_writer(
+        workdir, just_logging=jax.process_index() > 0, asynchronous=False)
+    self.report = periodic_actions.ReportProgress(
+        num_train_steps=total_steps, writer=self.writer, every_steps=log_every,
+        every_secs=None)
+    self.report(start_step)  # The first call only starts the clock.
+    self.last_time = time.time()
     self.input_wait = 0.0  # Seconds the loop spent getting batches since the last log.
+
+  def timed(self, name):
+    return self.report.timed(name, wait_jax_async_dispatch=False)
 
   def log_train(self, step, metrics_list, learning_rate):
     now = time.time()
     elapsed = max(now - self.last_time, 1e-9)
     merged = {k: float(np.mean([m[k] for m in metrics_list])) for k in metrics_list[0]}
     tokens = float(np.sum([m["tokens"] for m in metrics_list]))
-    steps_per_s = (step - self.last_step) / elapsed
     # The share of wall time the loop waited for the next batch (prefetched in a
     # thread, then placed on the devices): an upper bound on the devices' idle
     # time for want of data, since the dispatched steps run meanwhile.
-    merged.update(learning_rate=learning_rate, steps_per_sec=steps_per_s,
-                  tokens_per_sec=tokens / elapsed,
+    merged.update(learning_rate=learning_rate, tokens_per_sec=tokens / elapsed,
                   input_wait_fraction=self.input_wait / elapsed)
-    eta = (self.total - step) / max(steps_per_s, 1e-9)
-    logging.info("step %d/%d  loss %.4f  acc %.4f  lr %.2e  %.0f tok/s  %.2f step/s  "
-                 "input wait %.1f%%  ETA %dm%02ds", step, self.total, merged["loss"],
-                 merged["accuracy"], learning_rate, merged["tokens_per_sec"], steps_per_s,
-                 100 * merged["input_wait_fraction"], eta // 60, eta % 60)
     self._write("train", step, merged)
-    self.last_time, self.last_step, self.input_wait = now, step, 0.0
+    self.last_time, self.input_wait = now, 0.0
 
   def log_eval(self, step, metrics):
-    logging.info("eval at step %d: %s", step,
-                 "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
     self._write("eval", step, metrics)
 
   def log_decode(self, step, metrics, sources, references, hypotheses):
-    numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-    logging.info("decode eval at step %d: %s", step,
-                 "  ".join(f"{k} {v:.4f}" for k, v in sorted(numbers.items())))
-    self._write("decode", step, numbers)
-    if self.writer:
-      rows = [f"source: {s}  \nreference: {r}  \noutput: {h}"
-              for s, r, h in list(zip(sources, references, hypotheses))[:4]]
-      self.writer.text("decode/examples", "\n\n".join(rows), step)
+    self._write("decode", step, {k: v for k, v in metrics.items()
+                                 if isinstance(v, (int, float))})
+    rows = [f"source: {s}  \nreference: {r}  \noutput: {h}"
+            for s, r, h in list(zip(sources, references, hypotheses))[:4]]
+    self.writer.write_texts(step, {"decode/examples": "\n\n".join(rows)})
 
   def _write(self, prefix, step, metrics):
-    if self.writer:
-      for k, v in metrics.items():
-        self.writer.scalar(f"{prefix}/{k}", v, step)
-      self.writer.flush()
+    self.writer.write_scalars(step, {f"{prefix}/{k}": v for k, v in metrics.items()})
+    self.writer.flush()
+
+  def close(self):
+    self.writer.close()
 
 
 # The loss is computed before a step's update and the norms after it: a finite
@@ -213,7 +209,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
       batch_multiple=mesh.size * config.train.grad_accum_steps,
       shard_index=jax.process_index(), shard_count=jax.process_count())
   logging.info("Data: %s", json.dumps(data.stats))
-  model, tx, abstract, shardings = state_lib.build(config, data.tokenizer.vocab_size, mesh)
+  model, tx, abstract, shardings, schedule = state_lib.build(
+      config, data.tokenizer.vocab_size, mesh)
   logging.info("Parameters: %s", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}")
 
   checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -235,9 +232,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   start = int(state.step)
 
   train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
-  schedule = optim.transformer_schedule(model.config.d_model, config.optim.warmup_steps,
-                                        config.optim.learning_rate_scale)
-  progress = _Progress(workdir, config.train.num_steps, start)
+  progress = _Progress(workdir, config.train.num_steps, start, config.train.log_every)
   pending, eval_metrics = [], {}
   try:
     for step in range(start + 1, config.train.num_steps + 1):
@@ -254,16 +249,20 @@ def train_and_evaluate(config, workdir: str) -> dict:
         pending = jax.device_get(pending)
         _check_finite(step, pending, checkpointer)
         if logging_now:
-          progress.log_train(step, pending, float(schedule(step - 1)))
+          progress.log_train(step, pending, float(schedule(step - 1)))  # Step's update.
         pending = []
+      progress.report(step)
       if step % config.train.eval_every == 0 or last:
-        eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config, mesh)
+        with progress.timed("eval"):
+          eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config,
+                                       mesh)
         progress.log_eval(step, eval_metrics)
       if decoding:
-        decoded, hypotheses = inference.evaluate_examples(
-            model, state.params, decode_examples, decode_references,
-            data.tokenizer, config, mesh, mode=config.train.decode_mode,
-            **inference.decode_settings(config))
+        with progress.timed("decode"):
+          decoded, hypotheses = inference.evaluate_examples(
+              model, state.params, decode_examples, decode_references,
+              data.tokenizer, config, mesh, mode=config.train.decode_mode,
+              **inference.decode_settings(config))
         progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
         eval_metrics[best_metric] = decoded[best_metric]
         previous = best.best_value(best_metric)
@@ -277,6 +276,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     # so that no half-written checkpoint is left behind.
     checkpointer.close()
     best.close()
+    progress.close()
     if hasattr(data.train_batches, "close"):
       data.train_batches.close()
   return eval_metrics

@@ -76,7 +76,7 @@ def restore(workdir: str, checkpoint: str = "latest", mesh=None) -> Restored:
   config = load_config(workdir)
   tokenizer = load_tokenizer(workdir, config)
   mesh = mesh or sharding.make_mesh()
-  model, _, abstract, shardings = state_lib.build(config, tokenizer.vocab_size, mesh)
+  model, _, abstract, shardings, _ = state_lib.build(config, tokenizer.vocab_size, mesh)
   directory, step = checkpoint_location(workdir, checkpoint)
   restored = checkpoints.Checkpointer(directory, read_only=True).restore(
       abstract, shardings, step)
