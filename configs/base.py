@@ -28,9 +28,7 @@ def get_config():
   model.attention_type = "scaled_dot"  # Attention scoring function (3.2.1).
   model.attention_impl = "fused"  # fused (jax.nn.dot_product_attention) | reference.
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 (params stay float32).
-  model.pad_id = 0  # Padding token id (the tokenizer's).
-  model.bos_id = 2  # Start-of-sequence id fed to the decoder first (the tokenizer's).
-  model.eos_id = 3  # End-of-sequence id that ends a decoded output (the tokenizer's).
+  # The special token ids are the vocabulary's, not settings: transformer/config.py.
 
   config.data = data = ml_collections.ConfigDict()
   data.dataset = "wmt14_translate/de-en"  # scan/simple | scan/length | parallel_text | a TFDS name.

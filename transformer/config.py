@@ -10,6 +10,18 @@ from typing import Any
 
 import jax.numpy as jnp
 
+# The ids every vocabulary reserves: the tokenizer trains them in at these places,
+# the data pipeline pads with PAD and ends examples with EOS, the decoder starts
+# from BOS and stops at EOS.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+# The allowed values of the config's enumerated fields, read by the checks below
+# and by the code that implements them.
+VOCAB_TYPES = ("bpe", "unigram", "word")  # data.vocab_type: SentencePiece model types.
+BATCHING = ("bucket", "pack")  # data.batching
+OVERLONG = ("drop", "truncate")  # data.overlong
+DECODE_MODES = ("greedy", "beam", "sample")  # Searches; the first two are scored.
+SCORED_DECODE_MODES = ("greedy", "beam")  # train.decode_mode, evaluate --mode.
 ACTIVATIONS = ("relu", "gelu", "silu")
 POSITIONAL = ("sinusoidal", "learned")
 NORM_POSITIONS = ("post", "pre")
@@ -40,9 +52,9 @@ class ModelConfig:
   attention_type: str = "scaled_dot"  # softmax(QK^T / sqrt(d_k)) V (3.2.1).
   attention_impl: str = "fused"  # jax.nn.dot_product_attention, or "reference".
   dtype: str = "float32"  # Compute dtype; parameters always stay float32.
-  pad_id: int = 0
-  bos_id: int = 2
-  eos_id: int = 3  # Ends a decoded sequence.
+  pad_id: int = PAD_ID
+  bos_id: int = BOS_ID  # Fed to the decoder first.
+  eos_id: int = EOS_ID  # Ends a decoded sequence.
 
   def __post_init__(self):
     def check(ok, field, message):
@@ -113,11 +125,10 @@ def check_config(config) -> None:
       section, name = field.split(".")
       raise ValueError(f"config.{field}={config[section][name]!r}: {message}")
 
-  check(config.data.batching in ("bucket", "pack"), "data.batching", "must be bucket or pack")
-  check(config.data.overlong in ("drop", "truncate"), "data.overlong",
-        "must be drop or truncate")
-  check(config.data.vocab_type in ("bpe", "unigram", "word"), "data.vocab_type",
-        "must be bpe, unigram or word")
+  check(config.data.batching in BATCHING, "data.batching", f"must be one of {BATCHING}")
+  check(config.data.overlong in OVERLONG, "data.overlong", f"must be one of {OVERLONG}")
+  check(config.data.vocab_type in VOCAB_TYPES, "data.vocab_type",
+        f"must be one of {VOCAB_TYPES}")
   for field in ("data.vocab_size", "data.max_length", "data.tokens_per_batch",
                 "data.pack_length", "optim.warmup_steps", "train.num_steps",
                 "train.grad_accum_steps", "train.log_every", "train.eval_every",
@@ -132,8 +143,8 @@ def check_config(config) -> None:
         "must be >= 0 (0 = data.tokens_per_batch)")
   check(config.train.decode_every >= 0, "train.decode_every", "must be >= 0 (0 = off)")
   check(config.train.decode_examples >= 0, "train.decode_examples", "must be >= 0 (0 = all)")
-  check(config.train.decode_mode in ("greedy", "beam"), "train.decode_mode",
-        "must be greedy or beam")
+  check(config.train.decode_mode in SCORED_DECODE_MODES, "train.decode_mode",
+        f"must be one of {SCORED_DECODE_MODES}")
   check(0.0 <= config.train.label_smoothing < 1.0, "train.label_smoothing",
         "must be in [0, 1)")
   check(config.optim.learning_rate_scale > 0, "optim.learning_rate_scale", "must be > 0")

@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PAD_ID = 0  # Fills returned ids after EOS (the tokenizer's PAD).
+from transformer.config import DECODE_MODES, PAD_ID
+
 NEG_INF = -jnp.inf
 
 Array = jax.Array
@@ -378,8 +379,8 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   temperature if 0) static; L, hence the compiled program, depends on the source
   width S. `eos_id` defaults to the model's.
   """
-  if mode not in ('greedy', 'beam', 'sample'):
-    raise ValueError(f"mode must be 'greedy', 'beam' or 'sample', got {mode!r}")
+  if mode not in DECODE_MODES:
+    raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
   if mode == 'sample' and rng is None:
     raise ValueError("mode='sample' needs rng")
   B, S = inputs_BxS.shape

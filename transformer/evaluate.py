@@ -32,6 +32,7 @@ import jax
 from transformer import data as data_lib
 from transformer import files, inference, runtime
 from transformer import workdir as workdir_lib
+from transformer.config import SCORED_DECODE_MODES
 
 
 def result_name(split, checkpoint, mode, beam_size, alpha, limit=None):
@@ -117,7 +118,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_decode_flags(("greedy", "beam"), "beam")
+  define_decode_flags(SCORED_DECODE_MODES, "beam")
   flags.DEFINE_string("split", None, "Split to evaluate; default config.data.test_split.")
   flags.DEFINE_integer("limit", None, "Evaluate the first N examples only.", lower_bound=1)
   app.run(main)

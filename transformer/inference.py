@@ -10,9 +10,9 @@ import numpy as np
 from transformer import data as data_lib
 from transformer import decode, sharding
 from transformer import metrics as metrics_lib
+from transformer.config import DECODE_MODES
 from transformer.model import TransformerDecoding
 
-MODES = ("greedy", "beam", "sample")
 # Compiled decoders by (settings, batch shape, parameter layout). jax.jit would also
 # cache, but compiling ahead of time lets us report compile and decode time apart,
 # and keeps the training loop's repeated evaluations from compiling again.
@@ -27,8 +27,8 @@ def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None) -> d
 
 
 def check_settings(mode, beam_size, alpha, max_extra_len):
-  if mode not in MODES:
-    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if mode not in DECODE_MODES:
+    raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
   if int(beam_size) < 1:
     raise ValueError(f"beam_size must be >= 1, got {beam_size}")
   if float(alpha) < 0:

@@ -30,6 +30,7 @@ import numpy as np
 
 from transformer import evaluate, files, inference, plots, runtime
 from transformer import workdir as workdir_lib
+from transformer.config import DECODE_MODES
 from transformer.data import tokenizer as tokenizer_lib
 
 
@@ -107,8 +108,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
   workdir_lib.checkpoint_location(workdir, checkpoint)
-  if mode not in inference.MODES:
-    raise ValueError(f"mode must be one of {inference.MODES}, got {mode!r}")
+  if mode not in DECODE_MODES:
+    raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}")
   config = workdir_lib.load_config(workdir)
@@ -158,7 +159,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  evaluate.define_decode_flags(inference.MODES, "beam")
+  evaluate.define_decode_flags(DECODE_MODES, "beam")
   flags.DEFINE_string("input", "-", "Sentences, one a line; '-' reads stdin.")
   flags.DEFINE_string("output", "-", "Translations, one a line; '-' writes stdout.")
   flags.DEFINE_string("plot_attention", None, "PNG file for the attention heatmap of the "

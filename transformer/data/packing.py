@@ -1,7 +1,7 @@
 """Packing several examples into fixed-length rows (first fit over a window of open rows)."""
 import numpy as np
 
-from transformer.data.tokenizer import PAD_ID
+from transformer.config import PAD_ID
 
 # Rows kept open for first fit. A wider window packs tighter but costs a Python
 # scan per example; 32 already leaves little padding for sentence-length data.

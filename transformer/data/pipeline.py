@@ -23,10 +23,8 @@ import numpy as np
 
 from transformer.data import packing
 from transformer.data.prefetch import prefetch  # pylint: disable=unused-import
-from transformer.data.tokenizer import EOS_ID, PAD_ID
+from transformer.config import BATCHING, EOS_ID, OVERLONG, PAD_ID  # pylint: disable=g-multiple-import
 
-OVERLONG_MODES = ('drop', 'truncate')
-BATCHING_MODES = ('bucket', 'pack')
 BUCKET_STEP = 8  # Padded lengths are multiples of 8 (friendly to accelerator tiles).
 BUCKET_GROWTH = 1.125  # Above 64, buckets grow ~12.5%: few shapes, < ~12.5% padding.
 
@@ -38,8 +36,8 @@ def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=Fa
   EOS last); examples with an empty source or target are dropped. Returns
   (examples, stats), plus the indices of kept pairs if `return_kept`.
   """
-  if overlong not in OVERLONG_MODES:
-    raise ValueError(f'overlong must be one of {OVERLONG_MODES}, got {overlong!r}')
+  if overlong not in OVERLONG:
+    raise ValueError(f'overlong must be one of {OVERLONG}, got {overlong!r}')
   if max_length < 2:
     raise ValueError(f'max_length must be >= 2 (one token plus EOS), got {max_length}')
   pairs = list(pairs)
@@ -83,6 +81,27 @@ def _rows_for(length, tokens_per_batch, batch_multiple):
   return rows
 
 
+def _buckets(lengths, max_length, what):
+  """(padded lengths, each example's bucket index); an example too long for the
+  largest bucket is an error naming `what`."""
+  buckets = np.array(bucket_lengths(max_length or int(lengths.max())))
+  if lengths.max() > buckets[-1]:
+    raise ValueError(f'{what} has {lengths.max()} tokens > max_length={max_length}')
+  return buckets, np.searchsorted(buckets, lengths)
+
+
+def _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple, order=None):
+  """Yields (padded length, example indices) of each batch, bucket by bucket; a
+  bucket's examples come in index order, or in `order(indices)`."""
+  for b, length in enumerate(buckets.tolist()):
+    idx = np.flatnonzero(bucket_of == b)
+    idx = (idx if order is None else order(idx)).tolist()
+    if idx:
+      rows = _rows_for(length, tokens_per_batch, batch_multiple)
+      for start in range(0, len(idx), rows):
+        yield length, idx[start:start + rows]
+
+
 def _lengths(examples):
   src = np.array([len(e[0]) for e in examples], np.int64)
   tgt = np.array([len(e[1]) for e in examples], np.int64)
@@ -117,8 +136,8 @@ class TrainBatches:
                shard_index=0, shard_count=1):
     if not examples:
       raise ValueError('no training examples')
-    if batching not in BATCHING_MODES:
-      raise ValueError(f'batching must be one of {BATCHING_MODES}, got {batching!r}')
+    if batching not in BATCHING:
+      raise ValueError(f'batching must be one of {BATCHING}, got {batching!r}')
     if batch_multiple % shard_count or not 0 <= shard_index < shard_count:
       raise ValueError(f'need batch_multiple ({batch_multiple}) divisible by shard_count '
                        f'({shard_count}) and 0 <= shard_index ({shard_index}) < shard_count')
@@ -141,13 +160,10 @@ class TrainBatches:
       self._pack_length = pack_length
       self._rows = _rows_for(pack_length, tokens_per_batch, batch_multiple)
     else:
-      self._buckets = np.array(bucket_lengths(max_length or longest))
-      if longest > self._buckets[-1]:
-        raise ValueError(f'an example has {longest} tokens > max_length={max_length}')
-      self._bucket_rows = [_rows_for(int(n), tokens_per_batch, batch_multiple)
-                           for n in self._buckets]
-      self._bucket_of = np.searchsorted(
-          self._buckets, np.maximum(self._src_lens, self._tgt_lens))
+      self._buckets, self._bucket_of = _buckets(
+          np.maximum(self._src_lens, self._tgt_lens), max_length, 'an example')
+      _rows_for(int(self._buckets[-1]), tokens_per_batch, batch_multiple)  # Fails now, not later.
+      self._batching = (tokens_per_batch, batch_multiple)
     self._epoch, self._index = 0, 0
     self._plans = {}  # epoch -> plan
 
@@ -162,12 +178,9 @@ class TrainBatches:
     return self._plans[epoch]
 
   def _bucket_plan(self, rng):
-    plan = []
-    for b, length in enumerate(self._buckets.tolist()):
-      idx = rng.permutation(np.flatnonzero(self._bucket_of == b)).tolist()
-      rows = self._bucket_rows[b]
-      for start in range(0, len(idx), rows):
-        plan.append((length, _fill(idx[start:start + rows], rows, -1)))
+    plan = [(length, _fill(chunk, _rows_for(length, *self._batching), -1))
+            for length, chunk in _bucket_chunks(self._buckets, self._bucket_of,
+                                                *self._batching, order=rng.permutation)]
     # Shuffle across buckets so consecutive steps see different lengths.
     return [plan[i] for i in rng.permutation(len(plan))]
 
@@ -217,20 +230,10 @@ def eval_batches(examples, tokens_per_batch, batch_multiple=1, max_length=None):
   `indices` are the example indices of the batch's first len(indices) rows; the
   remaining rows (up to a multiple of batch_multiple) are all PAD.
   """
-  src_lens, tgt_lens = _lengths(examples)
   if not examples:
     return
-  lengths = np.maximum(src_lens, tgt_lens)
-  buckets = np.array(bucket_lengths(max_length or int(lengths.max())))
-  if lengths.max() > buckets[-1]:
-    raise ValueError(f'an eval example has {lengths.max()} tokens > max_length={max_length}')
-  bucket_of = np.searchsorted(buckets, lengths)
-  for b, length in enumerate(buckets.tolist()):
-    idx = np.flatnonzero(bucket_of == b).tolist()
-    if not idx:
-      continue
-    rows = _rows_for(length, tokens_per_batch, batch_multiple)
-    for start in range(0, len(idx), rows):
-      chunk = idx[start:start + rows]
-      padded = -(-len(chunk) // batch_multiple) * batch_multiple
-      yield np.array(chunk, np.int64), _padded_batch(examples, _fill(chunk, padded, -1), length)
+  buckets, bucket_of = _buckets(np.maximum(*_lengths(examples)), max_length,
+                                'an eval example')
+  for length, chunk in _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple):
+    padded = -(-len(chunk) // batch_multiple) * batch_multiple
+    yield np.array(chunk, np.int64), _padded_batch(examples, _fill(chunk, padded, -1), length)

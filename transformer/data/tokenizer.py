@@ -16,12 +16,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer import files
-
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
-VOCAB_TYPES = ('bpe', 'unigram', 'word')
+from transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, VOCAB_TYPES  # pylint: disable=g-multiple-import
 MODEL_FILENAME = 'spm.model'
 MAX_TRAIN_SENTENCES = 300_000  # Caps training time at seconds; more barely changes the pieces.
 TRAIN_SEED = 0
