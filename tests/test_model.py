@@ -1,5 +1,6 @@
 """Behaviour of the Transformer: positions, padding, causality, packing, caching, dtypes."""
 
+import dataclasses
 import math
 
 import jax
@@ -128,7 +129,7 @@ def _grad_of_logits_wrt_positions(model, params, encoded, inputs, decoder_inputs
     learned = {"embedding": jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model))
                .at[:T].add(offsets_TxD)}
     p["decoder"] = dict(p["decoder"], positional=learned)
-    out = Transformer(cfg.replace(positional="learned")).apply(
+    out = Transformer(dataclasses.replace(cfg, positional="learned")).apply(
         {"params": p}, encoded, inputs, decoder_inputs, method=Transformer.decode)
     return out[0].sum(-1)
 

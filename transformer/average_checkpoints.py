@@ -20,7 +20,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, runtime, sharding, state as state_lib
+from transformer import checkpoints, runtime
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -60,22 +60,19 @@ def average_checkpoints(workdir, last=5, mesh=None):
     raise ValueError(f"last must be >= 1, got {last}")
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
-  config = workdir_lib.load_config(workdir)
-  vocab_size = workdir_lib.load_tokenizer(workdir, config).vocab_size
-  mesh = mesh or sharding.make_mesh()
-  _, _, abstract, shardings, _ = state_lib.build(config, vocab_size, mesh)
-  source_dir, _ = workdir_lib.checkpoint_location(workdir, "latest")
-  source = checkpoints.Checkpointer(source_dir, read_only=True)
+  opened = workdir_lib.open_workdir(workdir, mesh)
+  source, _ = opened.checkpoints("latest")
   steps = source.steps()
   if len(steps) < last:
-    raise ValueError(f"asked to average the last {last} checkpoints, but {source_dir} has "
+    raise ValueError(f"asked to average the last {last} checkpoints, but {source.directory} has "
                      f"{len(steps)} (steps {steps})")
   chosen = steps[-last:]
   newest = {}
 
   def restored_params():
     for step in chosen:
-      state, data_state, _ = source.restore(abstract, shardings, step)
+      state, data_state, _ = source.restore(opened.built.abstract, opened.built.shardings,
+                                            step)
       newest.update(state=state, data_state=data_state)
       yield state.params
 

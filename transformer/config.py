@@ -1,7 +1,7 @@
 """The model's configuration: a frozen dataclass built once from the ConfigDict.
 
 The ml_collections ConfigDict stops here (house style): the model sees only
-`ModelConfig`, and evaluation or decoding variants are derived with `.replace()`.
+`ModelConfig` (a variant is `dataclasses.replace(cfg, ...)`, checked like any).
 Every value is checked at start-up, and a bad one names its config field.
 """
 
@@ -83,10 +83,6 @@ class ModelConfig:
     check(self.pad_id != self.bos_id, "bos_id", "must differ from pad_id")
     check(self.eos_id not in (self.pad_id, self.bos_id), "eos_id",
           "must differ from pad_id and bos_id")
-
-  def replace(self, **changes) -> "ModelConfig":
-    """A variant (e.g. for evaluation or decoding), checked like the original."""
-    return dataclasses.replace(self, **changes)
 
   @property
   def head_dim(self) -> int:

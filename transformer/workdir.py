@@ -58,6 +58,29 @@ def checkpoint_location(workdir: str, checkpoint: str = "latest"):
 
 
 @dataclasses.dataclass
+class Opened:
+  """A workdir's config and vocabulary, and the model and state shapes they build."""
+  workdir: str
+  config: ml_collections.ConfigDict
+  tokenizer: tokenizer_lib.Tokenizer
+  built: state_lib.Built
+  mesh: Any
+
+  def checkpoints(self, checkpoint: str = "latest"):
+    """(read-only Checkpointer, step or None for its newest) of a checkpoint name."""
+    directory, step = checkpoint_location(self.workdir, checkpoint)
+    return checkpoints.Checkpointer(directory, read_only=True), step
+
+
+def open_workdir(workdir: str, mesh=None) -> Opened:
+  config = load_config(workdir)
+  tokenizer = load_tokenizer(workdir, config)
+  mesh = mesh or sharding.make_mesh()
+  return Opened(workdir, config, tokenizer,
+                state_lib.build(config, tokenizer.vocab_size, mesh), mesh)
+
+
+@dataclasses.dataclass
 class Restored:
   config: ml_collections.ConfigDict
   tokenizer: tokenizer_lib.Tokenizer
@@ -73,14 +96,11 @@ class Restored:
 
 def restore(workdir: str, checkpoint: str = "latest", mesh=None) -> Restored:
   """Config, tokenizer, model and the chosen checkpoint's state of a workdir."""
-  config = load_config(workdir)
-  tokenizer = load_tokenizer(workdir, config)
-  mesh = mesh or sharding.make_mesh()
-  model, _, abstract, shardings, _ = state_lib.build(config, tokenizer.vocab_size, mesh)
-  directory, step = checkpoint_location(workdir, checkpoint)
-  restored = checkpoints.Checkpointer(directory, read_only=True).restore(
-      abstract, shardings, step)
+  opened = open_workdir(workdir, mesh)
+  checkpointer, step = opened.checkpoints(checkpoint)
+  restored = checkpointer.restore(opened.built.abstract, opened.built.shardings, step)
   if restored is None:
-    raise FileNotFoundError(f"no checkpoint in {directory}")
+    raise FileNotFoundError(f"no checkpoint in {checkpointer.directory}")
   state, _, step = restored
-  return Restored(config, tokenizer, model, state, step, mesh)
+  return Restored(opened.config, opened.tokenizer, opened.built.model, state, step,
+                  opened.mesh)
