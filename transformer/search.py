@@ -1,0 +1,312 @@
+"""Search algorithms over a step function: greedy, sampling and beam search
+(Vaswani et al. 2017, sec. 6.1). They know nothing of models; transformer/decode.py
+runs them over any model that implements its DecodingModel contract.
+
+The searches drive a step function
+    logits_fn(ids_Nx1, cache, step) -> (logits_NxV, new_cache)
+where N is the batch (greedy, sampling) or batch*beam (beam search, batch-major:
+row b*beam + k). Cache leaves have leading dim N; 0-dim leaves (e.g. a shared
+cache index) are shared across rows and never gathered. Outputs never contain
+BOS; after EOS a row holds PAD (= 0) only.
+
+`max_len` is either a Python int or an int32[B] of per-row limits; with per-row
+limits a static `out_len` (the buffer length L) must be given (it is inferred
+for a concrete numpy array). Row b then emits at most min(max_len[b], L) tokens.
+
+All three take grow=(first_len, grow_fn): the cache given holds first_len
+steps, and grow_fn(cache) extends it to L if the loop gets that far.
+
+Beam scores use the GNMT length penalty with |Y| = generated tokens including
+EOS.
+"""
+from typing import Any, Callable, Optional, Tuple, Union
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.config import PAD_ID
+
+NEG_INF = -jnp.inf
+
+Array = jax.Array
+LogitsFn = Callable[[Array, Any, Array], Tuple[Array, Any]]
+MaxLen = Union[int, np.ndarray, Array]
+
+
+def _row_limits(max_len: MaxLen, batch_size: int,
+                out_len: Optional[int]) -> Tuple[Array, int]:
+  """Returns (max_len_B int32, static buffer length L)."""
+  if out_len is None:
+    if isinstance(max_len, (int, np.integer)):
+      out_len = int(max_len)
+    elif isinstance(max_len, np.ndarray):
+      out_len = int(max_len.max())
+    else:
+      raise ValueError('a per-row jax max_len needs a static out_len')
+  max_len_B = jnp.broadcast_to(jnp.asarray(max_len, jnp.int32), (batch_size,))
+  return jnp.minimum(max_len_B, out_len), out_len
+
+
+def _choose_greedy(logits_NxV: Array, step: Array) -> Array:
+  del step
+  return jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
+
+
+def _while(cond_fn, body_fn, state, out_len: int, grow):
+  """while cond_fn(state) and t < out_len: state = body_fn(state).
+
+  With grow = (first_len, grow_fn) the cache starts with first_len positions:
+  the loop runs to t = first_len on it, then grow_fn(cache) extends it to
+  out_len and the loop goes on. Most batches end well before out_len, and a
+  shorter cache is cheaper to attend over and to reorder at every step.
+  """
+  def run(state, length):
+    return jax.lax.while_loop(lambda s: (s.t < length) & cond_fn(s), body_fn, state)
+
+  if grow is None or grow[0] >= out_len:
+    return run(state, out_len)
+  first_len, grow_fn = grow
+  state = run(state, first_len)
+  return run(state.replace(cache=grow_fn(state.cache)), out_len)
+
+
+@flax.struct.dataclass
+class LoopState:
+  """Greedy and sampling: one token per row per step."""
+  t: Array  # int32 scalar: the step.
+  last: Array  # int32[B]: each row's last token (BOS at the start).
+  ids: Array  # int32[B, L]: the output so far.
+  finished: Array  # bool[B]: the row has emitted EOS.
+  cache: Any
+
+
+def _decode_loop(logits_fn: LogitsFn, cache: Any, choose_fn, *, batch_size: int,
+                 max_len: MaxLen, bos_id: int, eos_id: int,
+                 out_len: Optional[int], grow=None) -> Array:
+  """One-token-per-step decoding loop shared by greedy and sampling -> ids_BxL."""
+  max_len_B, L = _row_limits(max_len, batch_size, out_len)
+
+  def done_fn(t, finished_B):
+    return finished_B | (t >= max_len_B)
+
+  def body_fn(s):
+    t = s.t
+    logits_BxV, cache = logits_fn(s.last[:, None], s.cache, t)
+    done_B = done_fn(t, s.finished)
+    # Done rows still flow through logits_fn (fixed shapes) but emit PAD.
+    tok_B = jnp.where(done_B, PAD_ID, choose_fn(logits_BxV, t))
+    return LoopState(t=t + 1, last=tok_B, ids=s.ids.at[:, t].set(tok_B),
+                     finished=s.finished | (~done_B & (tok_B == eos_id)), cache=cache)
+
+  init = LoopState(t=jnp.int32(0), last=jnp.full((batch_size,), bos_id, jnp.int32),
+                   ids=jnp.full((batch_size, L), PAD_ID, jnp.int32),
+                   finished=jnp.zeros((batch_size,), bool), cache=cache)
+  return _while(lambda s: ~jnp.all(done_fn(s.t, s.finished)), body_fn, init, L, grow).ids
+
+
+def greedy_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
+                  max_len: MaxLen, bos_id: int, eos_id: int,
+                  out_len: Optional[int] = None, grow=None) -> Array:
+  """Argmax decoding -> ids_BxL (no BOS; PAD after EOS and past each row's max_len)."""
+  return _decode_loop(logits_fn, cache, _choose_greedy, batch_size=batch_size,
+                      max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                      out_len=out_len, grow=grow)
+
+
+def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
+           max_len: MaxLen, bos_id: int, eos_id: int, temperature: float = 1.0,
+           top_k: int = 0, out_len: Optional[int] = None, grow=None) -> Array:
+  """Temperature / top-k sampling -> ids_BxL.
+
+  temperature == 0 (a Python number) is argmax; top_k (static) = 0 keeps the
+  full vocabulary. The key of step t is fold_in(rng, t).
+  """
+  if isinstance(temperature, (int, float)) and temperature == 0:
+    return greedy_search(logits_fn, cache, batch_size=batch_size,
+                         max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                         out_len=out_len, grow=grow)
+
+  def choose_fn(logits_NxV, t):
+    logits_NxV = logits_NxV.astype(jnp.float32)
+    if top_k > 0:
+      kth_Nx1 = jax.lax.top_k(logits_NxV, top_k)[0][:, -1:]
+      logits_NxV = jnp.where(logits_NxV < kth_Nx1, NEG_INF, logits_NxV)
+    return jax.random.categorical(jax.random.fold_in(rng, t),
+                                  logits_NxV / temperature).astype(jnp.int32)
+
+  return _decode_loop(logits_fn, cache, choose_fn, batch_size=batch_size,
+                      max_len=max_len, bos_id=bos_id, eos_id=eos_id,
+                      out_len=out_len, grow=grow)
+
+
+def length_penalty(length, alpha) -> Array:
+  """GNMT length penalty lp(|Y|) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016)."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _take(x_BxMx, idx_BxK: Array) -> Array:
+  """x[b, idx[b, k], ...] for x with any number of trailing dims."""
+  idx = idx_BxK.reshape(idx_BxK.shape + (1,) * (x_BxMx.ndim - 2))
+  return jnp.take_along_axis(x_BxMx, idx, axis=1)
+
+
+def gather_beams(tree: Any, parent_BxK: Array) -> Any:
+  """Reorders every leaf with leading dim N = B*K by parent beam; 0-dim leaves kept.
+
+  Gathers within each item ([B, K, ...] view, batched over B), so a batch-
+  sharded cache stays local to its device.
+  """
+  B, K = parent_BxK.shape
+
+  def gather(x):
+    if x.ndim == 0:
+      return x
+    return _take(x.reshape((B, K) + x.shape[1:]), parent_BxK).reshape(x.shape)
+
+  return jax.tree.map(gather, tree)
+
+
+@flax.struct.dataclass
+class BeamState:
+  """Beam search over B items of K beams (rows b*K + k of the cache)."""
+  t: Array  # int32 scalar: the step.
+  done: Array  # bool[B]: the item has stopped; its state is frozen.
+  steps: Array  # int32[B]: steps the item was active (the alive beams' length).
+  live_logp: Array  # float32[B, K]: log P of the alive beams, best first.
+  live_seqs: Array  # int32[B, K, L]
+  last: Array  # int32[B, K]: each alive beam's last token.
+  fin_score: Array  # float32[B, K]: finished hypotheses, logp / lp(length), best first.
+  fin_ok: Array  # bool[B, K]: the finished slot holds a hypothesis.
+  fin_seqs: Array  # int32[B, K, L]
+  cache: Any
+
+
+def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
+                beam_size: int, alpha: float, max_len: MaxLen, bos_id: int,
+                eos_id: int, out_len: Optional[int] = None,
+                best_only: bool = False, grow=None,
+                reorder_fn: Callable[[Any, Array], Any] = gather_beams
+                ) -> Tuple[Array, Array]:
+  """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
+
+  score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
+  INCLUDING the final EOS (BOS excluded), as in tensor2tensor/Flax.
+  Per step the top 2K extensions are taken so that K of them do not end in
+  EOS: those stay alive; an EOS extension that ranks among the top K of the
+  step competes for the K finished slots (lower-ranked ones would not have
+  been in the beam, as in fairseq). A batch item stops (its state is frozen)
+  at its max_len, or once no alive beam can ever beat its worst finished one:
+  alive log-probs only fall and, for alpha >= 0, lp grows with the length, so
+  best_alive_logp / lp(max_len) bounds any score still to come (the admissible
+  rule of tensor2tensor's beam search). The result is then the one of a search
+  that runs every item to its max_len. With K = 1 and alpha = 0 this is greedy
+  search; with alpha > 0 the single beam may run past an EOS greedy stops at.
+  With best_only, only row 0 of each item is wanted: an item also stops once
+  its best finished hypothesis beats that bound, even with empty finished
+  slots (row 0 is then final; the other rows may not be the K best).
+  Output: finished hypotheses (ending in EOS, PAD after) sorted by score, then,
+  to fill the K rows, alive ones (no EOS, score = logp / lp(their length)):
+  an item with nothing finished returns its alive beams.
+  The cache must have N = batch_size * beam_size rows (batch-major);
+  reorder_fn(cache, parent_BxK) picks each new beam's parent row (default
+  gather_beams).
+  """
+  B, K = batch_size, beam_size
+  max_len_B, L = _row_limits(max_len, B, out_len)
+
+  def stop_fn(s):
+    live_best_B = s.live_logp[:, 0]
+    # Future finished lengths lie in [t+1, max_len]; lp is monotone, so the
+    # largest penalty (the best score for logp < 0) is at one end.
+    lp_best_B = jnp.maximum(length_penalty(s.t + 1, alpha),
+                            length_penalty(max_len_B, alpha))
+    fin_B = (jnp.max if best_only else jnp.min)(
+        jnp.where(s.fin_ok, s.fin_score, NEG_INF), axis=1)
+    # Without best_only all K finished hypotheses must be final (the worst one
+    # beats the bound; an empty slot is -inf); with it, the best one alone.
+    return ((s.t >= max_len_B) | (live_best_B == NEG_INF)
+            | (fin_B > live_best_B / lp_best_B))
+
+  def done_fn(s):
+    # Sticky: the tests above depend on t, and a stopped item's state is frozen,
+    # so they could turn false again later; a stopped item never restarts.
+    return s.done | stop_fn(s)
+
+  def body_fn(s):
+    t = s.t
+    done_B = done_fn(s)
+    active_B = ~done_B
+    logits_NxV, cache = logits_fn(s.last.reshape(B * K, 1), s.cache, t)
+    V = logits_NxV.shape[-1]
+    logp_BxKxV = (jax.nn.log_softmax(logits_NxV.astype(jnp.float32)).reshape(B, K, V)
+                  + s.live_logp[:, :, None])
+    # 2K candidates guarantee K that do not end in EOS.
+    cand_logp_Bx2K, cand_idx_Bx2K = jax.lax.top_k(logp_BxKxV.reshape(B, K * V), 2 * K)
+    cand_parent_Bx2K = cand_idx_Bx2K // V
+    cand_tok_Bx2K = (cand_idx_Bx2K % V).astype(jnp.int32)
+    cand_seqs_Bx2KxL = _take(s.live_seqs, cand_parent_Bx2K).at[:, :, t].set(cand_tok_Bx2K)
+    cand_eos_Bx2K = cand_tok_Bx2K == eos_id
+
+    # Alive: the best K candidates not ending in EOS.
+    live_logp_BxK, sel_BxK = jax.lax.top_k(
+        jnp.where(cand_eos_Bx2K, NEG_INF, cand_logp_Bx2K), K)
+    parent_BxK = _take(cand_parent_Bx2K, sel_BxK)
+
+    # Finished: merge the EOS candidates into the K finished slots (old ones
+    # first, so ties keep the earlier hypothesis).
+    in_beam_Bx2K = jnp.broadcast_to(jnp.arange(2 * K) < K, (B, 2 * K))  # top_k sorts
+    cand_ok_Bx2K = cand_eos_Bx2K & (cand_logp_Bx2K > NEG_INF) & in_beam_Bx2K
+    cand_score_Bx2K = jnp.where(cand_ok_Bx2K,
+                                cand_logp_Bx2K / length_penalty(t + 1, alpha), NEG_INF)
+    all_score_Bx3K = jnp.concatenate([s.fin_score, cand_score_Bx2K], axis=1)
+    fin_score_BxK, fin_sel_BxK = jax.lax.top_k(all_score_Bx3K, K)
+    fin_ok_BxK = _take(jnp.concatenate([s.fin_ok, cand_ok_Bx2K], axis=1), fin_sel_BxK)
+    fin_seqs_BxKxL = _take(jnp.concatenate([s.fin_seqs, cand_seqs_Bx2KxL], axis=1),
+                           fin_sel_BxK)
+
+    # Done items keep their state, so an item's result does not depend on
+    # how long the other items of the batch keep the loop running.
+    def keep(new, old):
+      a = active_B.reshape((B,) + (1,) * (new.ndim - 1))
+      return jnp.where(a, new, old)
+
+    parent_BxK = keep(parent_BxK, jnp.broadcast_to(jnp.arange(K, dtype=parent_BxK.dtype), (B, K)))
+    return BeamState(
+        t=t + 1,
+        done=done_B,
+        steps=s.steps + active_B.astype(jnp.int32),
+        live_logp=keep(live_logp_BxK, s.live_logp),
+        live_seqs=keep(_take(cand_seqs_Bx2KxL, sel_BxK), s.live_seqs),
+        last=keep(_take(cand_tok_Bx2K, sel_BxK), s.last),
+        fin_score=keep(fin_score_BxK, s.fin_score),
+        fin_ok=keep(fin_ok_BxK, s.fin_ok),
+        fin_seqs=keep(fin_seqs_BxKxL, s.fin_seqs),
+        # The cache is reordered by the chosen parents, never recomputed.
+        cache=reorder_fn(cache, parent_BxK.astype(jnp.int32)),
+    )
+
+  # Only beam 0 is alive at the start so the K beams do not duplicate.
+  init = BeamState(
+      t=jnp.int32(0),
+      done=jnp.zeros((B,), bool),
+      steps=jnp.zeros((B,), jnp.int32),
+      live_logp=jnp.broadcast_to(
+          jnp.where(jnp.arange(K) == 0, 0.0, NEG_INF).astype(jnp.float32), (B, K)),
+      live_seqs=jnp.full((B, K, L), PAD_ID, jnp.int32),
+      last=jnp.full((B, K), bos_id, jnp.int32),
+      fin_score=jnp.full((B, K), NEG_INF, jnp.float32),
+      fin_ok=jnp.zeros((B, K), bool),
+      fin_seqs=jnp.full((B, K, L), PAD_ID, jnp.int32),
+      cache=cache,
+  )
+  s = _while(lambda s: ~jnp.all(done_fn(s)), body_fn, init, L, grow)
+
+  live_score_BxK = s.live_logp / length_penalty(s.steps, alpha)[:, None]
+  score_Bx2K = jnp.concatenate([s.fin_score, live_score_BxK], axis=1)
+  ok_Bx2K = jnp.concatenate([s.fin_ok, jnp.zeros((B, K), bool)], axis=1)
+  # Finished first, then by score; empty finished slots (-inf) sort last.
+  order_BxK = jnp.lexsort((-score_Bx2K, ~ok_Bx2K), axis=-1)[:, :K]
+  seqs_Bx2KxL = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
+  return _take(seqs_Bx2KxL, order_BxK), _take(score_Bx2K, order_BxK)
