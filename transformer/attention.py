@@ -69,16 +69,17 @@ def attention_scores(q_BxTxHxK, k_BxSxHxK, score="scaled_dot", score_params=None
   """
   kv = "bhsk" if heads_major else "bshk"
   p = score_params
+  # The score matrices multiply in float32 (XLA's CPU runtime has no bf16 x bf16 ->
+  # float32 dot with these batch axes; the scores are float32 anyway).
+  f32 = lambda x: x.astype(jnp.float32)
   if score == "additive":
-    wq_BxHxTxK = jnp.einsum("bthk,hkj->bhtj", q_BxTxHxK, p["score_wq"].astype(q_BxTxHxK.dtype),
-                            preferred_element_type=jnp.float32)
-    wk_BxHxSxK = jnp.einsum(f"{kv},hkj->bhsj", k_BxSxHxK, p["score_wk"].astype(k_BxSxHxK.dtype),
-                            preferred_element_type=jnp.float32)
+    wq_BxHxTxK = jnp.einsum("bthk,hkj->bhtj", f32(q_BxTxHxK), p["score_wq"])
+    wk_BxHxSxK = jnp.einsum(f"{kv},hkj->bhsj", f32(k_BxSxHxK), p["score_wk"])
     hidden_BxHxTxSxK = jnp.tanh(wq_BxHxTxK[:, :, :, None] + wk_BxHxSxK[:, :, None])
     return jnp.einsum("bhtsk,hk->bhts", hidden_BxHxTxSxK, p["score_v"])
   if score == "general":
-    q_BxTxHxK = jnp.einsum("bthk,hkj->bthj", q_BxTxHxK, p["score_w"].astype(q_BxTxHxK.dtype),
-                           preferred_element_type=jnp.float32).astype(q_BxTxHxK.dtype)
+    q_BxTxHxK = jnp.einsum("bthk,hkj->bthj", f32(q_BxTxHxK),
+                           p["score_w"]).astype(q_BxTxHxK.dtype)
   return jnp.einsum(f"bthk,{kv}->bhts", q_BxTxHxK, k_BxSxHxK,
                     preferred_element_type=jnp.float32) * _dot_scale(score, q_BxTxHxK.shape[-1])
 
