@@ -92,7 +92,7 @@ def test_sentence_weights_follow_the_attention_score(score):
   wanted = ("decoder", "layer_0", "cross_attention")
   state = jax.jit(lambda p: model.apply(
       {"params": p}, inputs, targets, mutable=["intermediates"],
-      capture_intermediates=lambda m, meth: m.path in (wanted, wanted + ("value",)))[1])(params)
+      capture_intermediates=lambda m, _: m.path in (wanted, wanted + ("value",)))[1])(params)
   found = state["intermediates"]["decoder"]["layer_0"]["cross_attention"]
   mixed = jnp.einsum("hts,shk->thk", weights_HxTxS, found["value"]["__call__"][0][0])
   out = params["decoder"]["layer_0"]["cross_attention"]["out"]["kernel"]

@@ -57,7 +57,7 @@ def _dot_scale(score, head_dim):
 
 def attention_scores(q_BxTxHxK, k_BxSxHxK, score="scaled_dot", score_params=None, *,
                      heads_major=False):
-  """[B, H, T, S] float32 score of every query against every key (config.model.attention_score).
+  """[B, H, T, S] float32 scores of queries against keys (config.model.attention_score).
 
   scaled_dot: q.k / sqrt(d_k) (3.2.1); dot: q.k, the unscaled form footnote 4
   argues against; general (Luong et al. 2015): q^T W k, computed as (q^T W) k so
@@ -80,8 +80,9 @@ def attention_scores(q_BxTxHxK, k_BxSxHxK, score="scaled_dot", score_params=None
   if score == "general":
     q_BxTxHxK = jnp.einsum("bthk,hkj->bthj", f32(q_BxTxHxK),
                            p["score_w"]).astype(q_BxTxHxK.dtype)
+  scale = _dot_scale(score, q_BxTxHxK.shape[-1])
   return jnp.einsum(f"bthk,{kv}->bhts", q_BxTxHxK, k_BxSxHxK,
-                    preferred_element_type=jnp.float32) * _dot_scale(score, q_BxTxHxK.shape[-1])
+                    preferred_element_type=jnp.float32) * scale
 
 
 def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_dot",
@@ -129,7 +130,8 @@ def _score_params(module, cfg):
     return {"score_w": matrix("score_w")}
   if cfg.attention_score == "additive":
     # |v| ~ 1: the initial scores are O(1), as the scaled dot product's.
-    v_HxK = module.param("score_v", nn.initializers.normal(stddev=K**-0.5), (H, K), jnp.float32)
+    v_HxK = module.param("score_v", nn.initializers.normal(stddev=K**-0.5), (H, K),
+                         jnp.float32)
     return {"score_wq": matrix("score_wq"), "score_wk": matrix("score_wk"), "score_v": v_HxK}
   return {}
 
@@ -163,6 +165,7 @@ class MultiHeadAttention(nn.Module):
         name="out")(out_BxTxHxK)
     q_BxTxHxK = dense("query")(x_BxTxD)
     score_params = _score_params(self, cfg)
+    # One cache layout for every score: additive recomputes W_k k from the cached keys.
     attend = lambda *args, **kwargs: reference_attention(
         *args, score=cfg.attention_score, score_params=score_params, **kwargs)
 
@@ -189,7 +192,6 @@ class MultiHeadAttention(nn.Module):
         key.value = jax.lax.dynamic_update_slice(key.value, _heads_major(k_BxSxHxK), start)
         value.value = jax.lax.dynamic_update_slice(value.value, _heads_major(v_BxSxHxK), start)
         mask = (jnp.arange(key.value.shape[2]) <= decode_step)[None, None, None, :]
-        # Additive: W_k k is recomputed from the cached keys each step: one cache layout for all scores.
         out_BxTxHxK = attend(q_BxTxHxK, key.value, value.value, mask, heads_major=True)
         return merge_heads(out_BxTxHxK)
 
