@@ -25,7 +25,9 @@ def get_config():
   model.norm_position = "post"  # post (paper): LayerNorm(x + Sublayer(x)) | pre.
   model.positional = "sinusoidal"  # sinusoidal (3.5) | learned (Table 3 row E).
   model.max_len = 256  # Positions the model can represent.
-  model.attention_type = "scaled_dot"  # Attention scoring function (3.2.1).
+  # How queries meet keys: scaled_dot (3.2.1) | dot (unscaled, footnote 4) |
+  # additive v^T tanh(W_q q + W_k k) (Bahdanau et al. 2015) | general q^T W k (Luong et al. 2015).
+  model.attention_score = "scaled_dot"
   model.attention_impl = "fused"  # fused (jax.nn.dot_product_attention) | reference.
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 (params stay float32).
   # The special token ids are the vocabulary's, not settings: transformer/config.py.

@@ -1,5 +1,6 @@
-"""Attention equals a naive per-head reference; masks do what they say."""
+"""Attention equals a naive per-head reference for every score; masks do what they say."""
 
+import itertools
 import math
 
 import jax
@@ -9,6 +10,7 @@ import pytest
 
 from transformer import attention
 from transformer.attention import MultiHeadAttention
+from transformer.config import ATTENTION_SCORES
 from tests.helpers import tiny_config
 
 
@@ -52,9 +54,28 @@ def test_scale_is_one_head_not_d_model():
   np.testing.assert_allclose(out[0, 0, :, 0], [p, p], rtol=1e-5)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_multi_head_split_merge_matches_per_head_matrices(bias):
-  cfg = tiny_config(attention_bias=bias)
+def naive_scores(score, q_BxTxK, k_BxSxK, params, h):
+  """[B, T, S] scores of head h as the papers write them, with column vectors:
+  W_q q is score_wq[h]^T q (the code computes q^T score_wq[h])."""
+  if score in ("scaled_dot", "dot"):
+    scale = 1 / math.sqrt(q_BxTxK.shape[-1]) if score == "scaled_dot" else 1.0
+    return np.einsum("btk,bsk->bts", q_BxTxK, k_BxSxK) * scale
+  if score == "general":  # Luong et al. 2015: q^T W k.
+    return np.einsum("btk,kj,bsj->bts", q_BxTxK, np.asarray(params["score_w"][h]), k_BxSxK)
+  # Additive, Bahdanau et al. 2015: v^T tanh(W_q q + W_k k), one (query, key) at a time.
+  wq, wk, v = (np.asarray(params[n][h]) for n in ("score_wq", "score_wk", "score_v"))
+  (B, T, _), S = q_BxTxK.shape, k_BxSxK.shape[1]
+  scores = np.zeros((B, T, S))
+  for b, t, s in itertools.product(range(B), range(T), range(S)):
+    scores[b, t, s] = v @ np.tanh(wq.T @ q_BxTxK[b, t] + wk.T @ k_BxSxK[b, s])
+  return scores
+
+
+@pytest.mark.parametrize("bias,score", [(False, "scaled_dot"), (True, "scaled_dot"),
+                                        (False, "dot"), (False, "general"),
+                                        (False, "additive"), (True, "additive")])
+def test_multi_head_split_merge_matches_per_head_matrices(bias, score):
+  cfg = tiny_config(attention_bias=bias, attention_score=score)
   mha = MultiHeadAttention(cfg, self_attention=False)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(2, 3, cfg.d_model)), jnp.float32)
@@ -77,7 +98,7 @@ def test_multi_head_split_merge_matches_per_head_matrices(bias):
     cols = slice(i * K, (i + 1) * K)
     q = xs @ wq[:, cols] + bq[cols]; k = ms @ wk[:, cols] + bk[cols]
     v = ms @ wv[:, cols] + bv[cols]
-    s = np.einsum("btk,bsk->bts", q, k) / math.sqrt(K)
+    s = naive_scores(score, q, k, params, i)
     w = np.exp(s - s.max(-1, keepdims=True)); w /= w.sum(-1, keepdims=True)
     heads.append(np.einsum("bts,bsk->btk", w, v))
   expected = np.concatenate(heads, -1) @ wo + get_bias("out", D)
@@ -92,3 +113,44 @@ def test_masks():
   assert m[0, 1] and not m[0, 2] and not m[2, 1] and m[2, 2] and not m[1, 3]
   pad = np.asarray(attention.padding_mask(jnp.asarray([[4, 5, 0]])))
   assert pad.shape == (1, 1, 1, 3) and pad[0, 0, 0].tolist() == [True, True, False]
+
+
+@pytest.mark.parametrize("impl", ["fused", "reference"])
+def test_dot_is_scaled_dot_without_the_scale(impl):
+  """dot(q / sqrt(d_k), k) = scaled_dot(q, k): W_Q (and its bias) scaled by
+  1/sqrt(d_k) turns one into the other; unscaled, they differ."""
+  cfg = tiny_config(attention_impl=impl, attention_bias=True)
+  scaled = MultiHeadAttention(cfg, self_attention=False)
+  dot = MultiHeadAttention(cfg.replace(attention_score="dot"), self_attention=False)
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(2, 3, cfg.d_model)), jnp.float32)
+  mem = jnp.asarray(rng.normal(size=(2, 5, cfg.d_model)), jnp.float32)
+  mask = attention.padding_mask(jnp.asarray([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]))
+  params = scaled.init(jax.random.key(0), x, mem, mask, deterministic=True)["params"]
+  want = scaled.apply({"params": params}, x, mem, mask, deterministic=True)
+  query = jax.tree.map(lambda w: w / math.sqrt(cfg.head_dim), params["query"])
+  got = dot.apply({"params": {**params, "query": query}}, x, mem, mask, deterministic=True)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  unscaled = dot.apply({"params": params}, x, mem, mask, deterministic=True)
+  assert not np.allclose(unscaled, want, atol=1e-3)
+
+
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_padded_keys_do_not_change_real_outputs(score, self_attention):
+  """Whatever vectors sit at padded key positions, outputs at real positions stay."""
+  cfg = tiny_config(attention_score=score)
+  mha = MultiHeadAttention(cfg, self_attention=self_attention)
+  rng = np.random.default_rng(3)
+  mask = attention.padding_mask(jnp.asarray([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]))
+  mem = rng.normal(size=(2, 5, cfg.d_model)).astype(np.float32)
+  x = mem if self_attention else rng.normal(size=(2, 3, cfg.d_model)).astype(np.float32)
+  params = mha.init(jax.random.key(0), x, mem, mask, deterministic=True)["params"]
+  out = mha.apply({"params": params}, x, mem, mask, deterministic=True)
+  changed = mem.copy()
+  changed[0, 3:] = 10 * rng.normal(size=(2, cfg.d_model))
+  x_changed = changed if self_attention else x
+  out_changed = mha.apply({"params": params}, x_changed, changed, mask, deterministic=True)
+  real = 3 if self_attention else None  # Self-attention: the padded queries moved too.
+  np.testing.assert_allclose(out_changed[0, :real], out[0, :real], atol=1e-5)
+  np.testing.assert_allclose(out_changed[1], out[1], atol=1e-5)

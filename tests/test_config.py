@@ -70,6 +70,7 @@ def test_summary_table_rows_add_up():
     ("activation", "swish2", "config.model.activation='swish2'"),
     ("norm_position", "middle", "config.model.norm_position"),
     ("dtype", "float16", "config.model.dtype"),
+    ("attention_score", "cosine", "config.model.attention_score='cosine'"),
     ("eos_id", 0, "config.model.eos_id=0: must differ from pad_id"),
 ])
 def test_bad_model_values_name_the_field(field, value, message):
@@ -95,6 +96,12 @@ def test_bad_other_values_name_the_field(field, value):
 def test_unknown_model_field_is_an_error():
   with pytest.raises(ValueError, match="unknown fields"):
     ModelConfig.from_config({"d_model": 8, "num_hedas": 2})
+
+
+def test_old_attention_type_key_still_loads():
+  # config.json of workdirs written before attention_score replaced attention_type.
+  old = ModelConfig.from_config({"attention_type": "scaled_dot"})
+  assert old == ModelConfig() and old.attention_score == "scaled_dot"
 
 
 def test_all_configs_check():

@@ -1,4 +1,5 @@
-"""Behaviour of the Transformer: positions, padding, causality, packing, caching, dtypes."""
+"""Behaviour of the Transformer: positions, padding, causality, packing, caching, dtypes,
+for every attention score."""
 
 import dataclasses
 import math
@@ -8,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer.config import ATTENTION_SCORES
 from transformer.model import (Embed, Transformer, shift_right, sinusoidal_table,
                                tied_logits)
-from tests.helpers import init_model, random_tokens, tiny_config
+from transformer.summary import parameter_shapes
+from tests.helpers import TINY, init_model, random_tokens, tiny_config
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (99, 31)])
@@ -68,9 +71,11 @@ def test_shift_right_restarts_per_packed_segment():
   np.testing.assert_array_equal(shift_right(targets, 2, segments)[0, :5], [2, 5, 6, 2, 7])
 
 
-@pytest.mark.parametrize("norm_position", ["post", "pre"])
-def test_padding_invariance(norm_position):
-  cfg = tiny_config(norm_position=norm_position)
+@pytest.mark.parametrize("norm_position,score", [("post", "scaled_dot"), ("pre", "scaled_dot"),
+                                                 ("post", "dot"), ("post", "additive"),
+                                                 ("post", "general")])
+def test_padding_invariance(norm_position, score):
+  cfg = tiny_config(norm_position=norm_position, attention_score=score)
   rng = np.random.default_rng(0)
   inputs = random_tokens(rng, [5, 3], 8)
   targets = random_tokens(rng, [6, 2], 7)
@@ -90,9 +95,11 @@ def test_padding_invariance(norm_position):
   np.testing.assert_allclose(enc_wide[0, :5], enc[0, :5], atol=1e-5)
 
 
-@pytest.mark.parametrize("attention_impl", ["fused", "reference"])
-def test_causality_by_perturbation_and_gradient(attention_impl):
-  cfg = tiny_config(attention_impl=attention_impl)
+@pytest.mark.parametrize("attention_impl,score", [("fused", "scaled_dot"),
+                                                  ("reference", "scaled_dot"), ("fused", "dot"),
+                                                  ("fused", "additive"), ("fused", "general")])
+def test_causality_by_perturbation_and_gradient(attention_impl, score):
+  cfg = tiny_config(attention_impl=attention_impl, attention_score=score)
   rng = np.random.default_rng(1)
   inputs = random_tokens(rng, [6], 6)
   targets = random_tokens(rng, [8], 8)
@@ -162,10 +169,13 @@ def test_packed_rows_equal_separate_examples():
     j += len(t)
 
 
-@pytest.mark.parametrize("norm_position,dtype", [("post", "float32"), ("pre", "float32"),
-                                                 ("post", "bfloat16")])
-def test_cached_decoding_equals_full_forward(norm_position, dtype):
-  cfg = tiny_config(norm_position=norm_position, dtype=dtype)
+@pytest.mark.parametrize("norm_position,dtype,score", [
+    ("post", "float32", "scaled_dot"), ("pre", "float32", "scaled_dot"),
+    ("post", "bfloat16", "scaled_dot"), ("post", "float32", "dot"),
+    ("post", "float32", "additive"), ("post", "float32", "general"),
+    ("post", "bfloat16", "additive"), ("post", "bfloat16", "general")])
+def test_cached_decoding_equals_full_forward(norm_position, dtype, score):
+  cfg = tiny_config(norm_position=norm_position, dtype=dtype, attention_score=score)
   rng = np.random.default_rng(3)
   inputs = random_tokens(rng, [5, 3], 6)
   targets = random_tokens(rng, [7, 7], 7)
@@ -189,6 +199,21 @@ def test_cached_decoding_equals_full_forward(norm_position, dtype):
     np.testing.assert_allclose(step_logits[:, 0], full[:, t], atol=atol)
   # The cache holds keys and values in the compute dtype.
   assert {x.dtype for x in jax.tree.leaves(cache) if x.ndim == 4} == {jnp.dtype(dtype)}
+
+
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+def test_parameter_count_per_score(score):
+  """The tiny model counted by hand: V*D shared embedding; per attention 4 D^2
+  (W^Q, W^K, W^V, W^O) plus the score's own per-head matrices, H K^2 for general
+  (W) and H (2 K^2 + K) for additive (W_q, W_k, v); 2 D d_ff + d_ff + D per FFN;
+  2 D per LayerNorm. 3N attentions: one per encoder layer, two per decoder layer."""
+  cfg = tiny_config(attention_score=score)
+  V, D, F, N = TINY["input_vocab_size"], TINY["d_model"], TINY["d_ff"], TINY["num_layers"]
+  H, K = cfg.num_heads, cfg.head_dim
+  extra = {"scaled_dot": 0, "dot": 0, "general": H * K * K, "additive": H * (2 * K * K + K)}
+  attention, ffn = 4 * D * D + extra[score], 2 * D * F + F + D
+  expected = V * D + N * (attention + ffn + 2 * 2 * D) + N * (2 * attention + ffn + 3 * 2 * D)
+  assert sum(x.size for x in jax.tree.leaves(parameter_shapes(cfg))) == expected
 
 
 def test_dropout_is_active_only_in_training():

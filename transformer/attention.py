@@ -1,5 +1,9 @@
 """Masks and multi-head attention (section 3.2), with an optional key/value cache.
 
+The score of a query against a key is config.model.attention_score: the
+paper's scaled dot product, or for ablations the unscaled dot product, Luong's
+general or Bahdanau's additive score (`attention_scores`).
+
 Shapes: B batch, T query length, S key length, H heads, K head dim (d_k = d_v),
 D model width. Masks are boolean, True where attention is allowed, and have
 shape [B, 1, T, S] (or broadcast to it): the 1 is the head axis.
@@ -43,21 +47,57 @@ def combine_masks(*masks: Optional[Array]) -> Optional[Array]:
   return mask
 
 
-def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, dropout_rate=0.0,
-                        dropout_rng=None, heads_major=False):
-  """softmax(Q K^T / sqrt(d_k)) V, written out: the definition the fused path must match.
+SCORED_BY_FUSED = ("scaled_dot", "dot")  # The scores jax.nn.dot_product_attention computes.
 
-  The scale is 1/sqrt(d_k) of ONE head (section 3.2.1). Scores and softmax are in
-  float32 whatever the compute dtype: bf16 exponentials lose too much precision.
+
+def _dot_scale(score, head_dim):
+  """1/sqrt(d_k) of ONE head for the paper's score (3.2.1); 1 for the others."""
+  return 1.0 / math.sqrt(head_dim) if score == "scaled_dot" else 1.0
+
+
+def attention_scores(q_BxTxHxK, k_BxSxHxK, score="scaled_dot", score_params=None, *,
+                     heads_major=False):
+  """[B, H, T, S] float32 scores of queries against keys (config.model.attention_score).
+
+  scaled_dot: q.k / sqrt(d_k) (3.2.1); dot: q.k, the unscaled form footnote 4
+  argues against; general (Luong et al. 2015): q^T W k, computed as (q^T W) k so
+  that cached keys stay plain keys; additive (Bahdanau et al. 2015):
+  v^T tanh(W_q q + W_k k) with d_k hidden units. `score_params` holds the
+  per-head [H, K, K] score_w (general), score_wq, score_wk and [H, K] score_v
+  (additive). Scores are float32 whatever the compute dtype: bf16 exponentials
+  lose too much precision.
+  """
+  kv = "bhsk" if heads_major else "bshk"
+  p = score_params
+  # The score matrices multiply in float32 (XLA's CPU runtime has no bf16 x bf16 ->
+  # float32 dot with these batch axes; the scores are float32 anyway).
+  f32 = lambda x: x.astype(jnp.float32)
+  if score == "additive":
+    wq_BxHxTxK = jnp.einsum("bthk,hkj->bhtj", f32(q_BxTxHxK), p["score_wq"])
+    wk_BxHxSxK = jnp.einsum(f"{kv},hkj->bhsj", f32(k_BxSxHxK), p["score_wk"])
+    hidden_BxHxTxSxK = jnp.tanh(wq_BxHxTxK[:, :, :, None] + wk_BxHxSxK[:, :, None])
+    return jnp.einsum("bhtsk,hk->bhts", hidden_BxHxTxSxK, p["score_v"])
+  if score == "general":
+    q_BxTxHxK = jnp.einsum("bthk,hkj->bthj", f32(q_BxTxHxK),
+                           p["score_w"]).astype(q_BxTxHxK.dtype)
+  scale = _dot_scale(score, q_BxTxHxK.shape[-1])
+  return jnp.einsum(f"bthk,{kv}->bhts", q_BxTxHxK, k_BxSxHxK,
+                    preferred_element_type=jnp.float32) * scale
+
+
+def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_dot",
+                        score_params=None, dropout_rate=0.0, dropout_rng=None,
+                        heads_major=False):
+  """softmax(score(Q, K)) V, written out: the definition the fused path must match,
+  and the only path for the additive and general scores.
+
   With heads_major, keys and values are [B, H, S, K], as the decoding cache keeps
   them: the dots then read the cache in place, where the [B, S, H, K] layout made
   XLA transpose (copy) the whole cache at every step, about half of a beam-search
   step on a CPU.
   """
-  kv = "bhsk" if heads_major else "bshk"
-  scale = 1.0 / math.sqrt(q_BxTxHxK.shape[-1])
-  scores_BxHxTxS = jnp.einsum(f"bthk,{kv}->bhts", q_BxTxHxK, k_BxSxHxK,
-                              preferred_element_type=jnp.float32) * scale
+  scores_BxHxTxS = attention_scores(q_BxTxHxK, k_BxSxHxK, score, score_params,
+                                    heads_major=heads_major)
   if mask is not None:
     # A large finite negative rather than -inf: a fully masked row (a padding
     # query) then gives a uniform distribution instead of NaN.
@@ -66,17 +106,34 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, dropout_rate=0
   if dropout_rate > 0.0 and dropout_rng is not None:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BxHxTxS.shape)
     probs_BxHxTxS = jnp.where(keep, probs_BxHxTxS / (1.0 - dropout_rate), 0.0)
+  kv = "bhsk" if heads_major else "bshk"
   return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
-def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask):
+def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot"):
   """The same function through jax.nn.dot_product_attention (cuDNN on a GPU)."""
+  assert score in SCORED_BY_FUSED, score
   return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask,
-                                      scale=1.0 / math.sqrt(q_BxTxHxK.shape[-1]))
+                                      scale=_dot_scale(score, q_BxTxHxK.shape[-1]))
 
 
 def _heads_major(x_BxSxHxK):
   return jnp.swapaxes(x_BxSxHxK, 1, 2)
+
+
+def _score_params(module, cfg):
+  """The learned per-head score matrices of `module` (none for the dot products)."""
+  H, K = cfg.num_heads, cfg.head_dim
+  matrix = lambda name: module.param(  # Xavier over each head's K x K.
+      name, nn.initializers.xavier_uniform(batch_axis=(0,)), (H, K, K), jnp.float32)
+  if cfg.attention_score == "general":
+    return {"score_w": matrix("score_w")}
+  if cfg.attention_score == "additive":
+    # |v| ~ 1: the initial scores are O(1), as the scaled dot product's.
+    v_HxK = module.param("score_v", nn.initializers.normal(stddev=K**-0.5), (H, K),
+                         jnp.float32)
+    return {"score_wq": matrix("score_wq"), "score_wk": matrix("score_wk"), "score_v": v_HxK}
+  return {}
 
 
 class MultiHeadAttention(nn.Module):
@@ -87,7 +144,8 @@ class MultiHeadAttention(nn.Module):
   With `decode=True`, self-attention appends each step's key/value to a cache of
   the length it was created with; cross-attention computes the encoder's keys and
   values when the cache is created and reuses them at every step. Cached keys
-  and values are stored heads-major, [B, H, S, K].
+  and values are stored heads-major, [B, H, S, K], whatever the score. The
+  general and additive scores add their per-head matrices (`attention_scores`).
   """
 
   config: ModelConfig
@@ -106,13 +164,16 @@ class MultiHeadAttention(nn.Module):
         kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
         name="out")(out_BxTxHxK)
     q_BxTxHxK = dense("query")(x_BxTxD)
+    score_params = _score_params(self, cfg)
+    # One cache layout for every score: additive recomputes W_k k from the cached keys.
+    attend = lambda *args, **kwargs: reference_attention(
+        *args, score=cfg.attention_score, score_params=score_params, **kwargs)
 
     if decode and not self.self_attention and self.has_variable("cache", "cached_key"):
       # Every step after the first: the encoder's keys and values never change.
       k_BxHxSxK = self.get_variable("cache", "cached_key")
       v_BxHxSxK = self.get_variable("cache", "cached_value")
-      out_BxTxHxK = reference_attention(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask,
-                                        heads_major=True)
+      out_BxTxHxK = attend(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask, heads_major=True)
       return merge_heads(out_BxTxHxK)
     k_BxSxHxK = dense("key")(memory_BxSxD)
     v_BxSxHxK = dense("value")(memory_BxSxD)
@@ -131,17 +192,17 @@ class MultiHeadAttention(nn.Module):
         key.value = jax.lax.dynamic_update_slice(key.value, _heads_major(k_BxSxHxK), start)
         value.value = jax.lax.dynamic_update_slice(value.value, _heads_major(v_BxSxHxK), start)
         mask = (jnp.arange(key.value.shape[2]) <= decode_step)[None, None, None, :]
-        out_BxTxHxK = reference_attention(q_BxTxHxK, key.value, value.value, mask,
-                                          heads_major=True)
+        out_BxTxHxK = attend(q_BxTxHxK, key.value, value.value, mask, heads_major=True)
         return merge_heads(out_BxTxHxK)
 
     use_reference = (cfg.attention_impl == "reference"
+                     or cfg.attention_score not in SCORED_BY_FUSED
                      or (cfg.attention_dropout > 0.0 and not deterministic))
     if use_reference:
       rng = None if deterministic else self.make_rng("dropout")
-      out_BxTxHxK = reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask,
-                                        dropout_rate=cfg.attention_dropout,
-                                        dropout_rng=rng)
+      out_BxTxHxK = attend(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask,
+                           dropout_rate=cfg.attention_dropout, dropout_rng=rng)
     else:
-      out_BxTxHxK = fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask)
+      out_BxTxHxK = fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask,
+                                    cfg.attention_score)
     return merge_heads(out_BxTxHxK)

@@ -25,7 +25,7 @@ SCORED_DECODE_MODES = ("greedy", "beam")  # train.decode_mode, evaluate --mode.
 ACTIVATIONS = ("relu", "gelu", "silu")
 POSITIONAL = ("sinusoidal", "learned")
 NORM_POSITIONS = ("post", "pre")
-ATTENTION_TYPES = ("scaled_dot",)
+ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "general")
 ATTENTION_IMPLEMENTATIONS = ("fused", "reference")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -49,7 +49,7 @@ class ModelConfig:
   norm_position: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as the paper.
   positional: str = "sinusoidal"  # Section 3.5; "learned" is Table 3 row (E).
   max_len: int = 256  # Longest position the model can represent.
-  attention_type: str = "scaled_dot"  # softmax(QK^T / sqrt(d_k)) V (3.2.1).
+  attention_score: str = "scaled_dot"  # QK^T / sqrt(d_k) (3.2.1) | dot | additive | general.
   attention_impl: str = "fused"  # jax.nn.dot_product_attention, or "reference".
   dtype: str = "float32"  # Compute dtype; parameters always stay float32.
   pad_id: int = PAD_ID
@@ -72,8 +72,8 @@ class ModelConfig:
     check(self.norm_position in NORM_POSITIONS, "norm_position",
           f"must be one of {NORM_POSITIONS}")
     check(self.positional in POSITIONAL, "positional", f"must be one of {POSITIONAL}")
-    check(self.attention_type in ATTENTION_TYPES, "attention_type",
-          f"must be one of {ATTENTION_TYPES}")
+    check(self.attention_score in ATTENTION_SCORES, "attention_score",
+          f"must be one of {ATTENTION_SCORES}")
     check(self.attention_impl in ATTENTION_IMPLEMENTATIONS, "attention_impl",
           f"must be one of {ATTENTION_IMPLEMENTATIONS}")
     check(self.dtype in DTYPES, "dtype", f"must be one of {tuple(DTYPES)}")
@@ -98,6 +98,8 @@ class ModelConfig:
     values = dict(model_config.to_dict() if hasattr(model_config, "to_dict")
                   else model_config)
     values.update(overrides)
+    # Older workdirs' config.json: attention_type, the never-read field this replaced.
+    values.setdefault("attention_score", values.pop("attention_type", "scaled_dot"))
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -6,7 +6,6 @@ The attention heatmap is drawn by `python -m transformer.translate ... --plot_at
 OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 """
 
-import math
 import sys
 
 from absl import app
@@ -19,7 +18,7 @@ matplotlib.use("Agg")  # Files only; no display needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from transformer import files
+from transformer import attention, files
 from transformer.model import sinusoidal_table
 
 PROJECTIONS = ("query", "key", "value")
@@ -51,11 +50,13 @@ def cross_attention_projections(model, params, inputs_BxS, targets_BxT, layer=-1
   return {name: found[name]["__call__"][0] for name in names}
 
 
-def attention_weights(q_BxTxHxK, k_BxSxHxK, inputs_BxS, pad_id=0):
-  """[B, H, T, S] softmax(Q K^T / sqrt(d_k)) over non-padding source positions:
-  the formula of transformer.attention.reference_attention, in float32."""
-  scores = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
-                      preferred_element_type=jnp.float32) / math.sqrt(q_BxTxHxK.shape[-1])
+def attention_weights(q_BxTxHxK, k_BxSxHxK, inputs_BxS, pad_id=0, score="scaled_dot",
+                      score_params=None):
+  """[B, H, T, S] softmax(score(Q, K)) over non-padding source positions: the
+  formula of transformer.attention.reference_attention, in float32.
+  `score_params` are the attention module's parameters (the additive and general
+  scores read their matrices there)."""
+  scores = attention.attention_scores(q_BxTxHxK, k_BxSxHxK, score, score_params)
   mask = (jnp.asarray(inputs_BxS) != pad_id)[:, None, None, :]
   return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
 
@@ -68,8 +69,10 @@ def cross_attention_weights(model, params, source_ids, output_ids, layer=-1):
   if inputs.size == 0 or targets.size == 0:
     raise ValueError("attention needs a non-empty source and output")
   p = cross_attention_projections(model, params, inputs, targets, layer)
-  return np.asarray(attention_weights(p["query"], p["key"], inputs,
-                                      model.config.pad_id))[0]
+  cfg = model.config
+  module_params = params["decoder"][f"layer_{layer % cfg.num_layers}"]["cross_attention"]
+  return np.asarray(attention_weights(p["query"], p["key"], inputs, cfg.pad_id,
+                                      cfg.attention_score, module_params))[0]
 
 
 def parse_head(head, num_heads):
