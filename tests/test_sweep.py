@@ -230,16 +230,24 @@ TINY = ["model.num_layers=1", "model.d_model=32", "model.d_ff=64", "model.num_he
 
 def test_real_sweep_of_two_tiny_variants(tmp_path, monkeypatch):
   """train.py in a subprocess, twice (the variants differ in their seed only, so
-  the second reuses the compiled programs); a rerun trains nothing."""
+  the second reuses the compiled programs), after a variant that fails at once;
+  a rerun trains nothing but the failed one."""
   import jax  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("TRANSFORMER_COMPILATION_CACHE", jax.config.jax_compilation_cache_dir)
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
-                     "  return [('seed1', {{'seed': 1}})]\n")
+                     "  return [('bogus', {{'data.dataset': 'scan/bogus'}}),\n"
+                     "          ('seed1', {{'seed': 1}})]\n")
   sweep = sweep_lib.resolve(path, sets=TINY + [f"data.tfds_data_dir={tmp_path / 'tfds'}"])
   workdir = str(tmp_path / "runs")
-  assert sweep_lib.run_local(sweep, workdir) == {"base": "finished", "seed1": "finished"}
-  assert sweep_lib.run_local(sweep, workdir) == {"base": "skipped", "seed1": "skipped"}
+  assert sweep_lib.run_local(sweep, workdir) == {
+      "base": "finished", "bogus": "failed", "seed1": "finished"}
+  assert results.read_status(os.path.join(workdir, "bogus"))["error"] == (
+      "train.py exited with status 1: ValueError: unknown SCAN split 'scan/bogus'; "
+      "use scan/simple or scan/length")
+  assert sweep_lib.run_local(sweep, workdir) == {
+      "base": "skipped", "bogus": "failed", "seed1": "skipped"}
+  del sweep.variants[1]
   rows = [results.variant_row(v, os.path.join(workdir, v.name)) for v in sweep.variants]
   for row in rows:
     assert (row["status"], row["steps"]) == ("finished", 2)

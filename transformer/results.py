@@ -67,7 +67,8 @@ def last_scalars(variant_dir: str, tags) -> dict:
   # Imported here: the reader loads TensorFlow, seconds that only a workdir with
   # events needs.
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
-  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tb_logging, tensor_util  # pylint: disable=g-import-not-at-top
+  tb_logging.get_logger().setLevel("WARNING")  # Not a line per events file read.
   accumulator = event_accumulator.EventAccumulator(
       variant_dir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
   accumulator.Reload()
@@ -191,9 +192,10 @@ def collect(sweep, workdir: str, checkpoint: str = "latest"):
   notes = [f"On every variant (--set): `{' '.join(sweep.sets)}`." if sweep.sets else None,
            f"dev = {base.data.eval_split}, test = {base.data.test_split}; checkpoint "
            f"{checkpoint}; beam {base.decode.beam_size}, alpha {base.decode.alpha}. "
-           "dev PPL: per target token, without label smoothing. (training): the "
-           "decode during training at its last step "
-           f"({base.train.decode_mode}, {base.train.decode_examples or 'all'} sentences).",
+           "dev PPL: per target token, without label smoothing." + (
+               " (training): the decode during training at its last step "
+               f"({base.train.decode_mode}, {base.train.decode_examples or 'all'} sentences)."
+               if base.train.decode_every else ""),
            "A blank is a figure the workdir does not hold."]
   markdown = to_markdown(rows, metric, f"{sweep.path} on {sweep.base}",
                          [n for n in notes if n])
