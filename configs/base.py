@@ -18,6 +18,7 @@ def get_config():
   model.d_model = 512  # Width of every sub-layer output (3.1).
   model.d_ff = 2048  # Inner width of the feed-forward sub-layer (3.3).
   model.num_heads = 8  # h; d_k = d_v = d_model / h = 64 (3.2.2).
+  model.d_k = 0  # Query/key size per head alone (Table 3 row B); 0 = d_model / h.
   model.dropout = 0.1  # P_drop on sub-layer outputs and embedding sums (5.4).
   model.attention_dropout = 0.0  # Dropout on attention probabilities (not in the paper).
   model.attention_bias = False  # Biases on W^Q, W^K, W^V, W^O (the paper's have none, 3.2.2).

@@ -42,6 +42,7 @@ class ModelConfig:
   d_model: int = 512
   d_ff: int = 2048
   num_heads: int = 8  # h; d_k = d_v = d_model / h (3.2.2).
+  d_k: int = 0  # Query/key size per head; 0 = d_model / h. Table 3 row (B) sets it alone.
   dropout: float = 0.1  # P_drop (5.4).
   attention_dropout: float = 0.0  # On attention probabilities; not in the paper.
   attention_bias: bool = False  # W^Q, W^K, W^V, W^O are plain matrices (3.2.2).
@@ -64,6 +65,7 @@ class ModelConfig:
     for field in ("input_vocab_size", "output_vocab_size", "num_layers", "d_model",
                   "d_ff", "num_heads", "max_len"):
       check(getattr(self, field) > 0, field, "must be a positive integer")
+    check(self.d_k >= 0, "d_k", "must be >= 0 (0 = d_model / num_heads)")
     check(self.d_model % self.num_heads == 0, "num_heads",
           f"d_model={self.d_model} must be divisible by the number of heads")
     for field in ("dropout", "attention_dropout"):
@@ -86,7 +88,13 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
+    """d_v, each head's value (and output) size: d_model / h."""
     return self.d_model // self.num_heads
+
+  @property
+  def key_dim(self) -> int:
+    """d_k, each head's query and key size: d_model / h unless d_k is set."""
+    return self.d_k or self.head_dim
 
   @property
   def compute_dtype(self) -> Any:
