@@ -40,11 +40,9 @@ def get_sweep(base):
       # h = 1, 4, 16, 32 at h = 8; an h that does not divide d_model is reported invalid.
       *each("A-h{}", "model.num_heads", _scaled(model.num_heads, [1 / model.num_heads,
                                                                   1 / 2, 2, 4])),
-      # (B) Smaller d_k with h and d_model fixed (the paper's 16 and 32 at 64) cannot be
-      # expressed: d_k is d_model / h here, with no field of its own. The nearest
-      # change, h up at a fixed d_model, gives d_k / 2 and d_k / 4 at 2h and 4h:
-      # exactly rows A-h{2h} and A-h{4h}, which also change h. Read those for (B);
-      # running them twice would add nothing.
+      # (B) Smaller attention key size d_k with h, d_model and d_v fixed: the paper's
+      # 16 and 32 at 64 (model.d_k; queries and keys shrink, values keep d_model / h).
+      *each("B-dk{}", "model.d_k", _scaled(model.d_model // model.num_heads, [1 / 4, 1 / 2])),
       # (C) Model size: N = 2, 4, 8 at 6 (in each of encoder and decoder); d_model =
       # 256, 1024 at 512 with h fixed (so d_k follows, as in the paper); d_ff = 1024,
       # 4096 at 2048.
