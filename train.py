@@ -5,6 +5,10 @@
 The workdir defaults to runs/<config file stem> (runs/multi30k_de-en for
 configs/multi30k.py:de-en). Rerunning the same command resumes from the latest
 checkpoint in the workdir.
+
+A bad value (a config field, a data path, the workdir) stops it at once with one
+line on stderr naming the problem, and exit status 1 (`--verbosity=1` logs the
+traceback too).
 """
 
 from transformer import runtime
@@ -12,9 +16,10 @@ from transformer import runtime
 if __name__ == "__main__":
   runtime.use_fast_malloc()  # Before JAX starts; see transformer/runtime.py.
 
+import sys  # pylint: disable=g-import-not-at-top
+
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from transformer import training
@@ -25,16 +30,38 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the
                                "go; default runs/<config file stem>.")
 
 
+def parse_flags(argv):
+  """absl's flag parsing, with a bad --config (a file that does not load, an
+  override of a field the config lacks, a value of the wrong type) stopping the
+  program in one line instead of a usage note or a traceback."""
+  try:
+    rest = flags.FLAGS(argv)
+    _CONFIG.value.get("model")  # A file that failed to load raises here.
+  except (AttributeError, KeyError) as e:  # ml_collections: a field the config lacks.
+    name = str(e).strip("\"'")
+    given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
+             and name in a.split("=")[0].split(".")]
+    sys.exit(f"train: error: {given[0] if given else name}: no such field in the config")
+  except (flags.Error, OSError, ValueError) as e:
+    # ml_collections' messages run over lines (a file's traceback, the paths
+    # tried): the first says what failed, the last why.
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
+    message = lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
+    sys.exit(f"train: error: {message}")
+  return rest
+
+
 def main(argv):
   runtime.quiet_library_logs()
-  runtime.use_compilation_cache()
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    sys.exit(f"train: error: unexpected arguments {argv[1:]}")
+  config = _CONFIG.value
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
-  logging.info("Config:\n%s", _CONFIG.value)
-  training.train_and_evaluate(_CONFIG.value, workdir)
+  with runtime.one_line_errors("train", extra=(FloatingPointError,)):
+    runtime.use_compilation_cache()
+    training.train_and_evaluate(config, workdir)  # Logs the config once it is usable.
 
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

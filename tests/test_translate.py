@@ -113,3 +113,14 @@ def test_command_reports_bad_input_without_traceback(tmp_path):
   assert result.returncode == 1
   assert "translate: error: workdir" in result.stderr and "does not exist" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_command_keeps_library_info_off_stderr(workdir):
+  """A filter's stderr is for its warnings: Orbax logs a dozen INFO lines per restore."""
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer.translate", "--workdir", workdir, "--mode", "greedy"],
+      input="walk twice\n\njump\n", cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(result.stdout.splitlines()) == 3
+  assert not [l for l in result.stderr.splitlines() if l.startswith("I")], result.stderr

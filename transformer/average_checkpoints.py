@@ -13,7 +13,6 @@ average is replaced only once the new one is completely written.
 import json
 import os
 import shutil
-import sys
 
 from absl import app
 from absl import flags
@@ -96,11 +95,10 @@ def average_checkpoints(workdir, last=5, mesh=None):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  runtime.quiet_library_logs()
   runtime.use_compilation_cache()
-  try:
+  with runtime.one_line_errors("average_checkpoints"):  # The message, not a traceback.
     step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
-  except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
-    sys.exit(f"average_checkpoints: error: {e}")
   print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
 
 

@@ -34,8 +34,11 @@ class Checkpointer:
     if best_metric:
       best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
                   keep_checkpoints_without_metrics=False)
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                           read_only=read_only, **best)
+    # Read-only: no saving interval and nothing to keep, which Orbax would
+    # otherwise warn about on every restore.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
+        create=not read_only, read_only=read_only, **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "data"))
 

@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import re
-import sys
 
 from absl import app
 from absl import flags
@@ -113,13 +112,12 @@ def define_decode_flags(modes, default_mode):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  runtime.quiet_library_logs()
   runtime.use_compilation_cache()
   f = flags.FLAGS
-  try:
+  with runtime.one_line_errors("evaluate"):  # Bad input: the message, not a traceback.
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
                        f.max_extra_len, f.limit, f.tokens_per_batch)
-  except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
-    sys.exit(f"evaluate: error: {e}")
   print(json.dumps(result, indent=2, sort_keys=True))
   print(f"wrote {path}")
 

@@ -1,6 +1,6 @@
 """Process set-up shared by the commands: an allocator that keeps the memory it
-frees, JAX's persistent compilation cache, and a training log without the
-libraries' INFO chatter.
+frees, JAX's persistent compilation cache, a training log without the
+libraries' INFO chatter, and bad input reported in one line.
 
 The commands RESTART THEMSELVES once at start-up (os.execve, same arguments) to
 change the allocator, and say so in one line on stderr; a debugger attached to
@@ -26,6 +26,7 @@ TRANSFORMER_DEFAULT_MALLOC=1; TRANSFORMER_TCMALLOC=0 keeps glibc's malloc (with
 the tunable), TRANSFORMER_TCMALLOC=/path/libtcmalloc.so picks a library.
 """
 
+import contextlib
 import ctypes.util
 import logging
 import os
@@ -122,3 +123,27 @@ def quiet_library_logs() -> None:
   absl_logger = absl_logging.get_absl_logger()
   if _not_library_info not in absl_logger.filters:
     absl_logger.addFilter(_not_library_info)
+
+
+class CommandError(Exception):
+  """A problem the user fixes (a busy workdir, a config the workdir was not
+  trained with, a checkpoint the disk refused), not a bug: reported in one line."""
+
+
+# What a command reports as one line: bad values and paths (ValueError, OSError:
+# a missing file, a full disk, a denied permission) and CommandError.
+ONE_LINE_ERRORS = (OSError, ValueError, CommandError)
+
+
+@contextlib.contextmanager
+def one_line_errors(command: str, extra=()):
+  """Turns ONE_LINE_ERRORS (and `extra`) raised in the block into
+  `{command}: error: {message}` on stderr and exit status 1: the message names
+  the problem, and a traceback would only bury it. The traceback still goes to
+  absl's log at DEBUG level (`--verbosity=1` shows it)."""
+  try:
+    yield
+  except ONE_LINE_ERRORS + tuple(extra) as e:
+    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+    absl_logging.debug("%s stopped on", command, exc_info=True)
+    sys.exit(f"{command}: error: {e}")

@@ -209,6 +209,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
       batch_multiple=mesh.size * config.train.grad_accum_steps,
       shard_index=jax.process_index(), shard_count=jax.process_count())
   logging.info("Data: %s", json.dumps(data.stats))
+  # Logged once the config, the workdir and the data have passed their checks, so
+  # that a bad value stops the program with one line rather than after a page.
+  logging.info("Config:\n%s", config)
   model, tx, abstract, shardings, schedule = state_lib.build(
       config, data.tokenizer.vocab_size, mesh)
   logging.info("Parameters: %s", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}")

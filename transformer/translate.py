@@ -25,6 +25,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 import numpy as np
 
@@ -148,14 +149,17 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # A filter's stderr carries its warnings, not the libraries' INFO lines (Orbax
+  # logs a dozen per restore); --verbosity=0 brings them back.
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  runtime.quiet_library_logs()
   runtime.use_compilation_cache()
   f = flags.FLAGS
-  try:
+  with runtime.one_line_errors("translate"):  # Bad input: the message, not a traceback.
     run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
         f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
         f.tokens_per_batch)
-  except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
-    sys.exit(f"translate: error: {e}")
 
 
 if __name__ == "__main__":
