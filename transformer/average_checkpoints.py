@@ -7,7 +7,8 @@ Writes a full training state to DIR/checkpoints_averaged/<newest step>/: the
 averaged parameters with the newest checkpoint's step, optimizer state, rng and
 data-iterator state, so `--checkpoint averaged` loads it like any other. The
 steps averaged are listed in DIR/checkpoints_averaged/averaged.json. A previous
-average is replaced only once the new one is completely written.
+average is replaced only once the new one is completely written. It holds the
+workdir's lock (transformer/lock.py): it does not run beside a training.
 """
 
 import json
@@ -19,7 +20,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, runtime
+from transformer import checkpoints, lock, runtime
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -59,6 +60,12 @@ def average_checkpoints(workdir, last=5, mesh=None):
     raise ValueError(f"last must be >= 1, got {last}")
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  # It writes the workdir, so it takes the writer's lock: never beside a training.
+  with lock.hold(workdir, "average_checkpoints", primary=jax.process_index() == 0):
+    return _average(workdir, last, mesh)
+
+
+def _average(workdir, last, mesh):
   opened = workdir_lib.open_workdir(workdir, mesh)
   source, _ = opened.checkpoints("latest")
   steps = source.steps()

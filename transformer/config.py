@@ -156,3 +156,56 @@ def check_config(config) -> None:
   check(config.optim.learning_rate_scale > 0, "optim.learning_rate_scale", "must be > 0")
   check(config.decode.alpha >= 0, "decode.alpha", "must be >= 0")
   model_config(config)  # The model fields check themselves.
+
+
+# What a resumed run may change. Its checkpoints hold parameters, optimizer
+# state and a position in the data order, so the fields that shape those must
+# keep the workdir's values: a changed one would fail deep inside Orbax, or
+# silently read other batches than the run being continued. Every other field
+# (num_steps, the eval/decode/log/checkpoint cadence, decoding, the learning rate
+# scale, where the data lives) may change, and the change is logged.
+_PARAMETERS = "changes the parameters"
+_VOCABULARY = "changes the vocabulary"
+_DATA_ORDER = "moves the data order the saved position points into"
+# Model fields that act at run time only; every other model field is fixed.
+RESUMABLE_MODEL_FIELDS = ("dropout", "attention_dropout", "attention_impl", "dtype")
+FIXED_ON_RESUME = {
+    "seed": _DATA_ORDER, "data.vocab_size": _VOCABULARY, "data.vocab_type": _VOCABULARY,
+    "data.vocab_path": _VOCABULARY, "train.grad_accum_steps": _DATA_ORDER,
+    **{f"data.{name}": _DATA_ORDER for name in (
+        "dataset", "source_lang", "target_lang", "train_split", "max_length", "overlong",
+        "batching", "tokens_per_batch", "pack_length", "pack_source_length")},
+}
+
+
+def _flatten(tree, prefix=""):
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def resume_changes(saved: dict, current: dict):
+  """(fixed, free): the fields whose values differ between the config a workdir
+  was trained with and the current one (nested dicts of JSON values), as
+  (field, old, new, why it cannot change) and (field, old, new). Fields only
+  one of them has (workdirs older than a field) are not compared."""
+  old, new = _flatten(saved), _flatten(current)
+  fixed, free = [], []
+  for field in sorted(set(old) & set(new)):
+    if old[field] == new[field]:
+      continue
+    section, _, name = field.partition(".")
+    reason = FIXED_ON_RESUME.get(field)
+    if section == "model" and name not in RESUMABLE_MODEL_FIELDS:
+      reason = _PARAMETERS
+    if field == "optim.grad_clip_norm" and (old[field] > 0) != (new[field] > 0):
+      reason = "adds or removes the optimizer's clipping state"
+    if reason:
+      fixed.append((field, old[field], new[field], reason))
+    else:
+      free.append((field, old[field], new[field]))
+  return fixed, free

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import checkpoints, data as data_lib, inference, losses
+from transformer import checkpoints, data as data_lib, files, inference, lock, losses
 from transformer import metrics as metrics_lib
 from transformer import sharding, state as state_lib
+from transformer import workdir as workdir_lib
 from transformer.config import check_config
 
 Array = jax.Array
@@ -120,8 +121,8 @@ def evaluate_loss(eval_fn, params, examples, config, mesh):
 
 
 def save_config(config, workdir) -> None:
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  files.write_atomic(os.path.join(workdir, "config.json"),
+                     config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 class _Progress:
@@ -194,12 +195,19 @@ def _check_finite(step, metrics_list, checkpointer):
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the
-  last evaluation metrics."""
+  last evaluation metrics. The workdir is locked for the run (one writer,
+  transformer/lock.py), and a config that changes what its checkpoints depend on
+  stops the run before anything is written (workdir.check_resume_config)."""
   check_config(config)
   sharding.maybe_initialize_distributed()
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    save_config(config, workdir)
+  with lock.hold(workdir, "train", primary=jax.process_index() == 0):
+    workdir_lib.check_resume_config(workdir, config)  # Before config.json is replaced.
+    if jax.process_index() == 0:
+      save_config(config, workdir)
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config, workdir: str) -> dict:
   mesh = sharding.make_mesh()
   logging.info("Devices: %d (%s) over %d host(s); mesh %s", jax.device_count(),
                jax.devices()[0].platform, jax.process_count(), dict(mesh.shape))

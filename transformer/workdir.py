@@ -1,5 +1,6 @@
 """One way for the commands at the edge (evaluate, translate, average_checkpoints)
-to restore what training left in a workdir: config.json, spm.model, checkpoints.
+to restore what training left in a workdir: config.json, spm.model, checkpoints;
+and the check that a resumed training's config fits what the workdir holds.
 
 Checkpoints are chosen by name: 'latest' (default), a step number, 'best' (the
 best validation score, see training) or 'averaged' (average_checkpoints).
@@ -10,9 +11,11 @@ import json
 import os
 from typing import Any
 
+from absl import logging
 import ml_collections
 
-from transformer import checkpoints, sharding, state as state_lib
+from transformer import checkpoints, runtime, sharding, state as state_lib
+from transformer import config as config_lib
 from transformer.data import tokenizer as tokenizer_lib
 
 CHECKPOINT_DIRS = {"latest": "checkpoints", "best": "checkpoints_best",
@@ -38,6 +41,32 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   # biased attention projections (Flax's default then).
   values.get("model", {}).setdefault("attention_bias", True)
   return ml_collections.ConfigDict(values)
+
+
+class ConfigMismatchError(runtime.CommandError):
+  """A resume whose config changes a field the workdir's checkpoints depend on."""
+
+
+def check_resume_config(workdir: str, config) -> None:
+  """Stops a run on `workdir` whose `config` changes a field its vocabulary or
+  checkpoints depend on (config.FIXED_ON_RESUME: shapes, vocabulary, data order),
+  naming each such field; logs the fields that may change (num_steps, cadences).
+  A workdir without vocabulary or checkpoints yet has nothing to disagree with."""
+  holds = [os.path.join(workdir, name) for name in ("spm.model", CHECKPOINT_DIRS["latest"])]
+  if not os.path.exists(os.path.join(workdir, "config.json")) or not any(
+      os.path.exists(p) and (os.path.isfile(p) or os.listdir(p)) for p in holds):
+    return
+  saved = load_config(workdir).to_dict()
+  fixed, free = config_lib.resume_changes(
+      saved, json.loads(config.to_json_best_effort()))
+  if fixed:
+    raise ConfigMismatchError(
+        f"workdir {workdir} was trained with another config, and these fields cannot "
+        "change on resume: " + "; ".join(f"{f} {o!r} -> {n!r} ({why})" for f, o, n, why in fixed)
+        + ". Rerun with the workdir's values (its config.json) or use a new --workdir.")
+  if free:
+    logging.info("Resuming %s with changed fields: %s", workdir,
+                 "; ".join(f"{f} {o!r} -> {n!r}" for f, o, n in free))
 
 
 def load_tokenizer(workdir: str, config) -> tokenizer_lib.Tokenizer:

@@ -1,0 +1,99 @@
+"""Running train.py (and the other commands) as real processes, for the tests of
+what survives real faults: a kill, a signal, a second writer."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CONFIG = os.path.join("tests", "tiny_train_config.py")
+
+
+def scan_tfds_dir(tmp_path_factory) -> str:
+  """A TFDS data dir with SCAN prepared, made once per test session (in its base
+  temp dir) so that the processes started on it only read it."""
+  base = tmp_path_factory.getbasetemp() / "scan_tfds"
+  done = base / "DONE"
+  if not done.exists():
+    shutil.rmtree(base, ignore_errors=True)
+    from transformer.data import scan  # pylint: disable=g-import-not-at-top
+    scan.Scan(config="simple", data_dir=str(base)).download_and_prepare()
+    done.touch()
+  return str(base)
+
+
+def command_env(**extra):
+  """The environment of a command under test: its compiled programs cached with
+  the tests' (so that each process compiles little), TensorFlow quiet."""
+  cache = os.environ.get("TEST_JAX_CACHE", os.path.join(
+      os.environ.get("TMPDIR", "/tmp"), "transformer-test-jax-cache"))
+  return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TRANSFORMER_COMPILATION_CACHE": cache,
+          **extra}
+
+
+def start(argv, log_path, env=None):
+  """Popen of `python argv...` in the repository root, stdout and stderr appended
+  to `log_path` (read while it runs with `wait_for`)."""
+  log = open(log_path, "ab")  # pylint: disable=consider-using-with
+  try:
+    return subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT, env=env or command_env())
+  finally:
+    log.close()
+
+
+def start_train(workdir, tfds_dir, log_path, *overrides, script="train.py", env=None):
+  return start([script, "--config", f"{TINY_CONFIG}:{tfds_dir}", "--workdir", workdir,
+                *overrides], log_path, env)
+
+
+def read(path) -> str:
+  with open(path, "rb") as f:
+    return f.read().decode("utf-8", errors="replace")
+
+
+def wait_for(log_path, pattern, process=None, timeout=180.0, start_at=0):
+  """The first match of regex `pattern` in the log after offset `start_at`;
+  fails if `process` exits first or `timeout` seconds pass."""
+  deadline = time.monotonic() + timeout
+  while True:
+    text = read(log_path)[start_at:]
+    found = re.search(pattern, text, re.M)
+    if found:
+      return found
+    if process is not None and process.poll() is not None:
+      text = read(log_path)[start_at:]  # What it wrote before exiting.
+      found = re.search(pattern, text, re.M)
+      if found:
+        return found
+      raise AssertionError(f"exited ({process.returncode}) before {pattern!r}:\n{text[-4000:]}")
+    if time.monotonic() > deadline:
+      raise AssertionError(f"no {pattern!r} after {timeout} s:\n{text[-4000:]}")
+    time.sleep(0.05)
+
+
+def wait_for_lock(workdir, process, timeout=120.0) -> dict:
+  """The owner record of workdir's LOCK once `process` has written it."""
+  path = os.path.join(workdir, "LOCK")
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert process.poll() is None, f"exited ({process.returncode}) before taking {path}"
+    try:
+      with open(path) as f:
+        owner = json.loads(f.read() or "null")
+      if owner and owner["pid"] == process.pid:
+        return owner
+    except (OSError, ValueError):
+      pass
+    time.sleep(0.05)
+  raise AssertionError(f"{path} not taken by pid {process.pid} after {timeout} s")
+
+
+def kill9(process) -> None:
+  process.send_signal(signal.SIGKILL)
+  process.wait()

@@ -1,0 +1,162 @@
+"""One workdir, one writer: the lock (transformer/lock.py) against a second real
+process, a killed owner and a filesystem without flock; and a resume whose
+config would not fit the workdir's checkpoints (workdir.check_resume_config)."""
+
+import errno
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import process_helpers as ph
+from tests.helpers import tiny_experiment
+from transformer import lock, training
+from transformer import workdir as workdir_lib
+from transformer.config import resume_changes
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+  return ph.scan_tfds_dir(tmp_path_factory)
+
+
+def test_second_writer_stops_at_once_naming_the_first(tmp_path, tfds_dir):
+  """Two real train.py processes on one workdir, then average_checkpoints: the
+  later ones stop with one line naming the first's pid and host; the first is
+  unharmed."""
+  workdir, log = str(tmp_path / "w"), str(tmp_path / "first.log")
+  first = ph.start_train(workdir, tfds_dir, log, "--config.train.num_steps=100000")
+  try:
+    owner = ph.wait_for_lock(workdir, first)
+    assert owner["command"] == "train"
+    for argv in (["train.py", "--config", f"{ph.TINY_CONFIG}:{tfds_dir}", "--workdir", workdir],
+                 ["-m", "transformer.average_checkpoints", "--workdir", workdir, "--last", "1"]):
+      second = subprocess.run([sys.executable, *argv], cwd=ph.ROOT, capture_output=True,
+                              text=True, timeout=120, env=ph.command_env())
+      assert second.returncode == 1, second.stderr[-3000:]
+      last = second.stderr.strip().splitlines()[-1]
+      assert "error: workdir" in last and "is being written by train" in last
+      assert f"pid {first.pid} on host {owner['host']}" in last
+      assert "Traceback" not in second.stderr
+    assert first.poll() is None  # Still training.
+  finally:
+    ph.kill9(first)
+
+
+def test_stale_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, caplog):
+  workdir = str(tmp_path / "w")
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from transformer import lock; "
+       "lock.WorkdirLock(sys.argv[1], 'holder').acquire(); print('held', flush=True); "
+       "time.sleep(600)", workdir], cwd=ph.ROOT, stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == "held"
+  with pytest.raises(lock.WorkdirBusyError, match=f"holder \\(pid {holder.pid} on host"):
+    lock.WorkdirLock(workdir, "train").acquire()
+  ph.kill9(holder)  # Leaves LOCK behind, naming a dead process.
+  assert os.path.exists(os.path.join(workdir, lock.LOCK_NAME))
+  with caplog.at_level(logging.WARNING):
+    with lock.WorkdirLock(workdir, "train"):
+      assert json.loads(open(os.path.join(workdir, lock.LOCK_NAME)).read())["pid"] == os.getpid()
+  assert f"from holder (pid {holder.pid}" in caplog.text and "no longer running" in caplog.text
+  assert not os.path.exists(os.path.join(workdir, lock.LOCK_NAME))  # A clean exit removes it.
+
+
+def test_one_process_cannot_hold_a_workdir_twice_and_release_frees_it(tmp_path):
+  workdir = str(tmp_path / "w")
+  with lock.WorkdirLock(workdir, "first"):
+    with pytest.raises(lock.WorkdirBusyError, match="first"):
+      lock.WorkdirLock(workdir, "second").acquire()
+  with lock.WorkdirLock(workdir, "second"):
+    pass
+
+
+def test_without_flock_the_recorded_pid_decides(tmp_path, monkeypatch):
+  def no_flock(fd, operation):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+  monkeypatch.setattr(lock.fcntl, "flock", no_flock)
+  workdir = str(tmp_path / "w")
+  held = lock.WorkdirLock(workdir, "live").acquire()  # This live process holds it.
+  with pytest.raises(lock.WorkdirBusyError, match=f"live \\(pid {os.getpid()}"):
+    lock.WorkdirLock(workdir, "train").acquire()
+  held._fd = None  # pylint: disable=protected-access  # Forget it, as a dead process would.
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  record = json.loads(open(os.path.join(workdir, lock.LOCK_NAME)).read())
+  with open(os.path.join(workdir, lock.LOCK_NAME), "w") as f:
+    json.dump({**record, "pid": int(dead.stdout), "command": "dead"}, f)
+  with lock.WorkdirLock(workdir, "train"):
+    assert json.load(open(os.path.join(workdir, lock.LOCK_NAME)))["command"] == "train"
+  elsewhere = {**record, "host": "another-host", "command": "remote"}
+  with open(os.path.join(workdir, lock.LOCK_NAME), "w") as f:
+    json.dump(elsewhere, f)  # Another host's lock is never taken over.
+  with pytest.raises(lock.WorkdirBusyError, match="remote .*on host another-host"):
+    lock.WorkdirLock(workdir, "train").acquire()
+
+
+# ----------------------------------------------------------------------------
+# The config a resume may change.
+
+def test_resume_changes_split_fixed_from_free_fields():
+  old = {"seed": 0, "model": {"d_model": 32, "dropout": 0.1, "num_heads": 2},
+         "data": {"vocab_size": 32, "text_dir": "a", "tokens_per_batch": 512},
+         "optim": {"grad_clip_norm": 0.0, "learning_rate_scale": 1.0},
+         "train": {"num_steps": 20, "eval_every": 10, "checkpoint_every": 5}}
+  new = json.loads(json.dumps(old))
+  new["model"].update(d_model=64, dropout=0.3)
+  new["data"].update(vocab_size=64, text_dir="b", tokens_per_batch=1024)
+  new["optim"].update(grad_clip_norm=1.0, learning_rate_scale=0.5)
+  new["train"].update(num_steps=40, eval_every=20)
+  new["seed"] = 1
+  fixed, free = resume_changes(old, new)
+  assert [f for f, *_ in fixed] == ["data.tokens_per_batch", "data.vocab_size",
+                                    "model.d_model", "optim.grad_clip_norm", "seed"]
+  assert [f for f, *_ in free] == ["data.text_dir", "model.dropout",
+                                   "optim.learning_rate_scale", "train.eval_every",
+                                   "train.num_steps"]
+  old["optim"]["grad_clip_norm"] = 0.5  # Clipping stays on: only its threshold changes.
+  assert "optim.grad_clip_norm" in [f for f, *_ in resume_changes(old, new)[1]]
+
+
+def _trained_looking_workdir(tmp_path, config):
+  """config.json and a vocabulary file: what the check compares against."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  training.save_config(config, str(workdir))
+  (workdir / "spm.model").write_bytes(b"stands in for a trained vocabulary")
+  return str(workdir)
+
+
+def test_resume_with_another_shape_stops_naming_the_fields(tmp_path, caplog):
+  config = tiny_experiment(tmp_path / "tfds")
+  workdir = _trained_looking_workdir(tmp_path, config)
+  before = open(os.path.join(workdir, "config.json")).read()
+  changed = tiny_experiment(tmp_path / "tfds", num_steps=60, eval_every=7)
+  changed.model.d_model = 64
+  changed.data.vocab_size = 40
+  with pytest.raises(workdir_lib.ConfigMismatchError,
+                     match=r"data.vocab_size 32 -> 40 \(changes the vocabulary\); "
+                     r"model.d_model 32 -> 64 \(changes the parameters\)\. Rerun"):
+    training.train_and_evaluate(changed, workdir)
+  assert open(os.path.join(workdir, "config.json")).read() == before  # Not overwritten.
+  assert not os.path.exists(os.path.join(workdir, lock.LOCK_NAME))  # Released.
+  allowed = tiny_experiment(tmp_path / "tfds", num_steps=60, eval_every=7)
+  with caplog.at_level(logging.INFO):
+    workdir_lib.check_resume_config(workdir, allowed)
+  assert "changed fields: train.eval_every 15 -> 7; train.num_steps 30 -> 60" in caplog.text
+
+
+def test_train_command_names_the_mismatch_in_one_line(tmp_path):
+  from configs import default  # pylint: disable=g-import-not-at-top
+  workdir = _trained_looking_workdir(tmp_path, default.get_config())
+  result = subprocess.run(
+      [sys.executable, "train.py", "--config", "configs/default.py", "--workdir", workdir,
+       "--config.model.num_layers=3"], cwd=ph.ROOT, capture_output=True, text=True,
+      timeout=120, env=ph.command_env(TRANSFORMER_DEFAULT_MALLOC="1"))
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f"train: error: workdir {workdir} was trained with another config")
+  assert "model.num_layers 2 -> 3 (changes the parameters)" in result.stderr
