@@ -8,7 +8,9 @@ checkpoint in the workdir.
 
 A bad value (a config field, a data path, the workdir) stops it at once with one
 line on stderr naming the problem, and exit status 1 (`--verbosity=1` logs the
-traceback too).
+traceback too). SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) saves a
+checkpoint after the step in flight and exits with status 143 or 130 (128 + the
+signal); rerunning resumes from it (transformer/preemption.py).
 """
 
 from transformer import runtime
@@ -22,7 +24,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import training
+from transformer import preemption, training
 from transformer import workdir as workdir_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -57,9 +59,13 @@ def main(argv):
     sys.exit(f"train: error: unexpected arguments {argv[1:]}")
   config = _CONFIG.value
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
-  with runtime.one_line_errors("train", extra=(FloatingPointError,)):
-    runtime.use_compilation_cache()
-    training.train_and_evaluate(config, workdir)  # Logs the config once it is usable.
+  try:
+    with runtime.one_line_errors("train", extra=(FloatingPointError,)):
+      runtime.use_compilation_cache()
+      training.train_and_evaluate(config, workdir)  # Logs the config once it is usable.
+  except preemption.Preempted as e:  # A checkpoint is saved; a rerun resumes from it.
+    sys.stderr.write(f"train: {e}\n")
+    sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":

@@ -97,3 +97,47 @@ def wait_for_lock(workdir, process, timeout=120.0) -> dict:
 def kill9(process) -> None:
   process.send_signal(signal.SIGKILL)
   process.wait()
+
+
+def restore_final(workdir, step=None):
+  """(state, data iterator state, step) of workdir's checkpoint `step` (default
+  the newest), read as the tiny config's state on one device."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from tests.tiny_train_config import get_config  # pylint: disable=g-import-not-at-top
+  from transformer import checkpoints, sharding, state as state_lib  # pylint: disable=g-import-not-at-top
+  from transformer.data import tokenizer  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(jax.devices()[:1])
+  vocab = tokenizer.Tokenizer.load(os.path.join(workdir, "spm.model")).vocab_size
+  _, _, abstract, shardings, _ = state_lib.build(get_config(), vocab, mesh)
+  return checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                  read_only=True).restore(abstract, shardings, step)
+
+
+def assert_same_state(a, b):
+  """Bit for bit: parameters, optimizer state, step and rng, and the data position."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  (state_a, data_a, step_a), (state_b, data_b, step_b) = a, b
+  assert (step_a, data_a) == (step_b, data_b)
+  leaves_a, tree_a = jax.tree.flatten(state_a)
+  leaves_b, tree_b = jax.tree.flatten(state_b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def batch_lineage(runs):
+  """The batch each step of the surviving history trained on. `runs`: per
+  process in order, (the step it resumed from, its FAULT_BATCH_LOG lines); a
+  later run redoes the steps after its resume point, replacing what a killed
+  run did there. A run that trained on nothing (killed before its first step)
+  changes nothing: the next one resumes where it would have."""
+  by_step = {}
+  for start, lines in runs:
+    if not lines:
+      continue
+    for i, line in enumerate(lines, start=start + 1):
+      by_step[i] = line
+    for step in [s for s in by_step if s > start + len(lines)]:
+      del by_step[step]  # Done by a killed run after the point this one resumed from.
+  return [by_step[s] for s in sorted(by_step)]

@@ -36,9 +36,12 @@ class Checkpointer:
                   keep_checkpoints_without_metrics=False)
     # Read-only: no saving interval and nothing to keep, which Orbax would
     # otherwise warn about on every restore.
+    # A writer (which holds the workdir's lock) removes the temporary directories
+    # of saves that a kill interrupted; a reader leaves them alone.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
-        create=not read_only, read_only=read_only, **best)
+        create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
+        **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "data"))
 

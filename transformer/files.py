@@ -3,13 +3,48 @@ the same directory, renamed over the target only once it is complete."""
 
 import contextlib
 import os
+import re
+import shutil
+
+from absl import logging
+
+
+TMP_INFIX = ".tmp"  # NAME.tmp<pid>: a temporary of the process <pid>.
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def remove_dead_temporaries(directory: str) -> None:
+  """Removes the NAME.tmp<pid> files and directories in `directory` whose
+  process is dead: what a writer killed mid-write left (they are never read).
+  Only the workdir's writer calls it, holding its lock (transformer/lock.py);
+  a live process's temporaries (an evaluation writing its results) are kept."""
+  for name in os.listdir(directory):
+    found = re.fullmatch(r".+" + re.escape(TMP_INFIX) + r"(\d+)", name)
+    if not found or _pid_alive(int(found.group(1))):
+      continue
+    path = os.path.join(directory, name)
+    logging.warning("Removing %s, left by a process killed while writing it.", path)
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 @contextlib.contextmanager
 def atomic_path(path):
   """Yields a temporary path to write; renames it to `path` if the block ends
   normally, removes it if not."""
-  tmp = f"{path}.tmp{os.getpid()}"
+  tmp = f"{path}{TMP_INFIX}{os.getpid()}"
   try:
     yield tmp
     os.replace(tmp, path)

@@ -12,6 +12,9 @@ removes the file.
 Where the filesystem cannot flock (some network filesystems), the recorded pid
 is checked instead: a lock whose pid is dead on this host is stale; a lock of
 another host is never taken over (delete the file once that job is gone).
+
+Holding the lock, a writer removes the temporaries that dead writers left
+(files.remove_dead_temporaries): no other writer can be using them.
 """
 
 import contextlib
@@ -25,7 +28,7 @@ import time
 
 from absl import logging
 
-from transformer import runtime
+from transformer import files, runtime
 
 LOCK_NAME = "LOCK"
 # flock's answers on a filesystem that does not implement it.
@@ -132,6 +135,7 @@ class WorkdirLock:
                         describe(previous))
       os.ftruncate(fd, 0)
       os.pwrite(fd, json.dumps(self._record()).encode(), 0)
+      files.remove_dead_temporaries(self.workdir)
     except OSError as e:  # Not a directory, no permission, a read-only filesystem...
       raise runtime.CommandError(f"workdir {self.workdir} cannot be used: "
                                  f"{e.strerror or e}") from e
@@ -156,6 +160,7 @@ class WorkdirLock:
         continue
       os.write(fd, json.dumps(self._record()).encode())
       self._fd = fd
+      files.remove_dead_temporaries(self.workdir)
       return self
     raise self._busy(_read_owner(self.path))
 

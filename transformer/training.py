@@ -16,7 +16,7 @@ import optax
 
 from transformer import checkpoints, data as data_lib, files, inference, lock, losses
 from transformer import metrics as metrics_lib
-from transformer import sharding, state as state_lib
+from transformer import preemption, sharding, state as state_lib
 from transformer import workdir as workdir_lib
 from transformer.config import check_config
 
@@ -245,6 +245,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
   progress = _Progress(workdir, config.train.num_steps, start, config.train.log_every)
   pending, eval_metrics = [], {}
+  signals = preemption.StopSignals().install()  # SIGTERM/SIGINT: save, then stop.
   try:
     for step in range(start + 1, config.train.num_steps + 1):
       waited = time.perf_counter()
@@ -253,17 +254,20 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       state, metrics = train_fn(state, batch)
       pending.append(metrics)
       last = step == config.train.num_steps
+      stopping = signals.received is not None and not last
+      saving = step % config.train.checkpoint_every == 0 or last or stopping
       logging_now = step % config.train.log_every == 0 or last
-      decoding = config.train.decode_every and (step % config.train.decode_every == 0 or last)
+      decoding = (config.train.decode_every and not stopping
+                  and (step % config.train.decode_every == 0 or last))
       # Every step since the last check is checked before anything is saved.
-      if logging_now or decoding or step % config.train.checkpoint_every == 0:
+      if logging_now or decoding or saving:
         pending = jax.device_get(pending)
         _check_finite(step, pending, checkpointer)
         if logging_now:
           progress.log_train(step, pending, float(schedule(step - 1)))  # Step's update.
         pending = []
       progress.report(step)
-      if step % config.train.eval_every == 0 or last:
+      if (step % config.train.eval_every == 0 or last) and not stopping:
         with progress.timed("eval"):
           eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config,
                                        mesh)
@@ -280,9 +284,12 @@ def _train_and_evaluate(config, workdir: str) -> dict:
         if previous is None or decoded[best_metric] > previous:
           best.save(step, state, data.train_batches.get_state(),
                     metrics={best_metric: float(decoded[best_metric])})
-      if step % config.train.checkpoint_every == 0 or last:
+      if saving:
         checkpointer.save(step, state, data.train_batches.get_state())
+      if stopping:
+        raise preemption.Preempted(signals.received, step, checkpointer.directory)
   finally:
+    signals.restore()
     # A stop (non-finite values, Ctrl-C, an error) waits for the saves in flight,
     # so that no half-written checkpoint is left behind.
     checkpointer.close()

@@ -1,0 +1,76 @@
+"""Training against real faults, as real processes of train.py (through
+tests/fault_train.py, which adds the test hooks): SIGTERM and SIGINT save and
+stop, kill -9 at random moments (one inside a checkpoint save) loses nothing,
+and a failing save stops with a message. Each run ends bit for bit where an
+uninterrupted run of the same config ends, having trained on each batch once.
+
+The long version of the kill test: python -m tests.chaos --kills 20
+"""
+
+import os
+import random
+import re
+import signal
+import time
+
+import pytest
+
+from tests import chaos
+from tests import process_helpers as ph
+
+NUM_STEPS = 20  # tests/tiny_train_config.py: 20 steps, a checkpoint every 5.
+FAULT_TRAIN = os.path.join("tests", "fault_train.py")
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+  return ph.scan_tfds_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tfds_dir):
+  """An uninterrupted run, started at once and waited for when first asked:
+  () -> (its final checkpoint, its batch log's lines, its wall time)."""
+  wait = chaos.uninterrupted(tfds_dir, str(tmp_path_factory.mktemp("reference")))
+  done = []
+  return lambda: done[0] if done else done.append(wait()) or done[0]
+
+
+def resumed_from(log_text):
+  found = re.findall(r"Resumed from step (\d+)\.", log_text)
+  return int(found[-1]) if found else 0
+
+
+def test_sigterm_and_sigint_save_at_the_current_step_and_resume_exactly(
+    tmp_path, tfds_dir, reference):
+  """SIGTERM once step 5 is logged, a resume, SIGINT once step 10 is, a resume to
+  the end: each signal saves the step in flight (not one of the every-5
+  checkpoints) and exits 128 + signal; the end is the uninterrupted run's."""
+  workdir, batches = str(tmp_path / "w"), str(tmp_path / "batches")
+  slow = ph.command_env(FAULT_BATCH_LOG=batches, FAULT_STEP_SECONDS="0.3")
+  runs = []
+  for sig, after in ((signal.SIGTERM, 5), (signal.SIGINT, 10)):
+    log = str(tmp_path / f"{sig.name}.log")
+    process = ph.start_train(workdir, tfds_dir, log, script=FAULT_TRAIN, env=slow)
+    ph.wait_for(log, rf"\] \[{after}\] train/", process)
+    process.send_signal(sig)
+    assert process.wait(timeout=120) == 128 + sig, ph.read(log)[-4000:]
+    text = ph.read(log)
+    stopped = re.search(rf"train: stopped by {sig.name} after step (\d+), saved as checkpoint "
+                        r"\1 in .*; rerun the same command to resume", text)
+    assert stopped, text[-4000:]
+    step = int(stopped.group(1))
+    assert after < step < NUM_STEPS and "Traceback" not in text
+    assert ph.restore_final(workdir)[2] == step  # The newest checkpoint is the stop's.
+    done = len(ph.read(batches).splitlines()) - sum(len(r[1]) for r in runs)
+    runs.append((resumed_from(text), ph.read(batches).splitlines()[-done:]))
+  log = str(tmp_path / "end.log")
+  process = ph.start_train(workdir, tfds_dir, log, script=FAULT_TRAIN,
+                           env=ph.command_env(FAULT_BATCH_LOG=batches))
+  assert process.wait(timeout=600) == 0, ph.read(log)[-4000:]
+  assert resumed_from(ph.read(log)) == step
+  lines = ph.read(batches).splitlines()
+  runs.append((step, lines[sum(len(r[1]) for r in runs):]))
+  ph.assert_same_state(ph.restore_final(workdir), reference()[0])
+  assert ph.batch_lineage(runs) == reference()[1]
+
