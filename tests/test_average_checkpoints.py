@@ -95,3 +95,33 @@ def test_mean_params_keeps_dtypes_and_sums_in_float32():
   assert float(mean["b"]) == pytest.approx(7 / 3)
   with pytest.raises(ValueError, match="nothing to average"):
     mean_params([])
+
+
+@pytest.mark.parametrize("where", ["save", "swap"])
+def test_a_kill_while_averaging_leaves_the_previous_average(workdir, tmp_path, where):
+  """SIGKILL while the new average is being written, or between moving the
+  previous one aside and moving the new one in: readers still get the previous
+  average, and the next run puts things right and leaves no debris."""
+  from tests import process_helpers as ph  # pylint: disable=g-import-not-at-top
+  path, (_, newer), _, _ = workdir
+  average_checkpoints(path, last=2)
+  previous = workdir_lib.restore(path, "averaged").params
+  log = str(tmp_path / "log")
+  env = ph.command_env(**{"FAULT_SAVE_SECONDS" if where == "save" else "FAULT_SWAP_SECONDS":
+                          "60"})
+  process = ph.start([os.path.join("tests", "fault_average.py"), "--workdir", path,
+                      "--last", "1"], log, env=env)
+  ph.wait_for(log, r"^fault: (finalizing .*checkpoints_averaged\.tmp\d+/20|swapping)$"
+              if where == "save" else r"^fault: swapping", process)
+  ph.kill9(process)
+  names = os.listdir(path)
+  assert any(n.startswith("checkpoints_averaged.") for n in names), names  # It was mid-way.
+  for x, y in zip(jax.tree.leaves(workdir_lib.restore(path, "averaged").params),
+                  jax.tree.leaves(previous)):
+    np.testing.assert_array_equal(x, y)
+  assert average_checkpoints(path, last=1) == (20, [20])
+  for x, y in zip(jax.tree.leaves(workdir_lib.restore(path, "averaged").params),
+                  jax.tree.leaves(newer.params)):
+    np.testing.assert_array_equal(x, y)
+  assert sorted(n for n in os.listdir(path) if n.startswith("checkpoints") or n == "LOCK") == [
+      "checkpoints", "checkpoints_averaged"]

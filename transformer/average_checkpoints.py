@@ -7,20 +7,23 @@ Writes a full training state to DIR/checkpoints_averaged/<newest step>/: the
 averaged parameters with the newest checkpoint's step, optimizer state, rng and
 data-iterator state, so `--checkpoint averaged` loads it like any other. The
 steps averaged are listed in DIR/checkpoints_averaged/averaged.json. A previous
-average is replaced only once the new one is completely written. It holds the
+average is replaced only once the new one is completely written, and a kill at
+any moment leaves the previous one readable (see _replace_dir). It holds the
 workdir's lock (transformer/lock.py): it does not run beside a training.
 """
 
+import glob
 import json
 import os
 import shutil
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, lock, runtime
+from transformer import checkpoints, files, lock, runtime
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -43,14 +46,32 @@ def mean_params(param_trees):
   return jax.tree.map(lambda s, dtype: (s / count).astype(dtype), total, dtypes)
 
 
+OLD_INFIX = ".old"  # FINAL.old<pid>: the previous average, moved aside by <pid>.
+
+
 def _replace_dir(new, final):
   """Moves the completed directory `new` to `final`, keeping the old `final` until
-  the new one is in place."""
-  old = f"{final}.old{os.getpid()}"
+  the new one is in place. Two renames, not one: a kill between them leaves no
+  `final` but the previous one as FINAL.old<pid>, which readers use
+  (workdir.checkpoint_location) and the next run puts back (_recover)."""
+  old = f"{final}{OLD_INFIX}{os.getpid()}"
   if os.path.exists(final):
     os.rename(final, old)
   os.rename(new, final)
   shutil.rmtree(old, ignore_errors=True)
+
+
+def _recover(final):
+  """Puts back the previous average that a killed run had moved aside and not
+  replaced; removes those it had replaced. (Its unfinished new average, a
+  NAME.tmp<pid> of a dead pid, went when the lock was taken.)"""
+  moved = sorted(glob.glob(glob.escape(final) + OLD_INFIX + "*"), key=os.path.getmtime)
+  if moved and not os.path.exists(final):
+    logging.warning("Restoring the previous average %s from %s (an averaging was killed "
+                    "while replacing it).", final, moved[-1])
+    os.rename(moved.pop(), final)
+  for path in moved:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def average_checkpoints(workdir, last=5, mesh=None):
@@ -66,6 +87,8 @@ def average_checkpoints(workdir, last=5, mesh=None):
 
 
 def _average(workdir, last, mesh):
+  if jax.process_index() == 0:
+    _recover(os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"]))
   opened = workdir_lib.open_workdir(workdir, mesh)
   source, _ = opened.checkpoints("latest")
   steps = source.steps()
@@ -86,8 +109,8 @@ def _average(workdir, last, mesh):
   # The newest checkpoint's step, optimizer state, rng and data position.
   averaged = newest["state"].replace(params=params)
 
-  final, _ = workdir_lib.checkpoint_location(workdir, "averaged")
-  staging = f"{final}.tmp{os.getpid()}"
+  final = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"])
+  staging = f"{final}{files.TMP_INFIX}{os.getpid()}"
   shutil.rmtree(staging, ignore_errors=True)
   writer = checkpoints.Checkpointer(staging, keep=1)
   writer.save(chosen[-1], averaged, newest["data_state"])

@@ -7,6 +7,7 @@ best validation score, see training) or 'averaged' (average_checkpoints).
 """
 
 import dataclasses
+import glob
 import json
 import os
 from typing import Any
@@ -83,7 +84,14 @@ def checkpoint_location(workdir: str, checkpoint: str = "latest"):
   if checkpoint not in CHECKPOINT_DIRS:
     raise ValueError(f"checkpoint must be a step number or one of {sorted(CHECKPOINT_DIRS)}, "
                      f"got {checkpoint!r}")
-  return os.path.join(workdir, CHECKPOINT_DIRS[checkpoint]), None
+  path = os.path.join(workdir, CHECKPOINT_DIRS[checkpoint])
+  if checkpoint == "averaged" and not os.path.isdir(path):
+    # average_checkpoints killed between moving the previous average aside and
+    # moving the new one in: the previous one is complete, under another name.
+    moved = sorted(glob.glob(glob.escape(path) + ".old*"), key=os.path.getmtime)
+    if moved:
+      return moved[-1], None
+  return path, None
 
 
 @dataclasses.dataclass
