@@ -85,13 +85,13 @@ def install_hooks(environ):
     atomicity.AtomicRenameTemporaryPath.finalize = slow_finalize
 
   error_step = environ.get("FAULT_SAVE_ERROR_STEP")
-  if error_step:
+  if error_step:  # In the background write, where a full disk shows up.
     from orbax.checkpoint._src.handlers import json_checkpoint_handler as json_handler  # pylint: disable=g-import-not-at-top
-    save = json_handler.JsonCheckpointHandler.async_save
+    save_fn = json_handler.JsonCheckpointHandler._save_fn  # pylint: disable=protected-access
 
-    async def failing_save(self, directory, *args, **kwargs):
+    async def failing_save_fn(self, x, directory):
       if f"/{error_step}.orbax-checkpoint-tmp" in str(directory):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
-      return await save(self, directory, *args, **kwargs)
+      return await save_fn(self, x, directory)
 
-    json_handler.JsonCheckpointHandler.async_save = failing_save
+    json_handler.JsonCheckpointHandler._save_fn = failing_save_fn  # pylint: disable=protected-access

@@ -30,7 +30,7 @@ def tfds_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tfds_dir):
   """An uninterrupted run, started at once and waited for when first asked:
-  () -> (its final checkpoint, its batch log's lines, its wall time)."""
+  () -> (its final checkpoint, its batch log's lines, its wall time, its workdir)."""
   wait = chaos.uninterrupted(tfds_dir, str(tmp_path_factory.mktemp("reference")))
   done = []
   return lambda: done[0] if done else done.append(wait()) or done[0]
@@ -89,3 +89,53 @@ def test_kill_9_at_random_moments_ends_where_an_uninterrupted_run_ends(tmp_path,
                               random.Random(seed), lifetime=lambda: reference()[2])
   assert "saving" in runs[1], "the second kill did not land inside a save"
   chaos.check(workdir, runs, reference())
+
+
+# ----------------------------------------------------------------------------
+# Disk errors.
+
+def test_a_failed_save_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, tfds_dir,
+                                                                       reference):
+  """The save of step 10 fails in Orbax's background write with ENOSPC (a full
+  disk): training stops with one line naming the step, the reason and the last
+  good checkpoint; that one (5) restores, equal to the uninterrupted run's step
+  5; nothing of the failed save is left."""
+  workdir, log = str(tmp_path / "w"), str(tmp_path / "log")
+  process = ph.start_train(workdir, tfds_dir, log, script=FAULT_TRAIN,
+                           env=ph.command_env(FAULT_SAVE_ERROR_STEP="10"))
+  assert process.wait(timeout=600) == 1, ph.read(log)[-4000:]
+  last = ph.read(log).strip().splitlines()[-1]
+  assert re.fullmatch(
+      r"train: error: checkpoint 10 could not be written to .*/checkpoints: \[Errno 28\] No "
+      r"space left on device: .*\. Training stopped; the last good checkpoint is step 5, "
+      r"which a rerun resumes from\.", last), last
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["5"]
+  assert not chaos.temporaries(workdir)
+  ph.assert_same_state(ph.restore_final(workdir), ph.restore_final(reference()[3], 5))
+
+
+def test_a_save_refused_at_once_names_the_step_and_the_last_good_one(tmp_path, monkeypatch):
+  """The synchronous path: Orbax's save itself raises (permission denied)."""
+  import errno  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  state = {"w": jnp.arange(4.0), "step": jnp.int32(1)}
+  checkpointer = checkpoints.Checkpointer(str(tmp_path / "c"))
+  checkpointer.save(1, state, {"index": 1})
+
+  def refuse(*args, **kwargs):
+    raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "c" / "2"))
+
+  monkeypatch.setattr(checkpointer._manager, "save", refuse)  # pylint: disable=protected-access
+  with pytest.raises(checkpoints.CheckpointSaveError,
+                     match=r"checkpoint 2 could not be written to .*: \[Errno 13\] Permission "
+                     r"denied.*last good checkpoint is step 1, which a rerun resumes from"):
+    checkpointer.save(2, state, {"index": 2})
+  checkpointer.close()  # Reported once, not again.
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  restored, data_state, step = checkpoints.Checkpointer(str(tmp_path / "c"), read_only=True
+                                                        ).restore(state, {"w": sharding,
+                                                                          "step": sharding})
+  assert step == 1 and data_state == {"index": 1}
+  assert restored["w"].tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -5,13 +5,28 @@ so a run killed while saving resumes from the last complete checkpoint. A
 checkpoint that is present but unreadable is skipped with a warning in favour of
 the next older one; a training run then renames it to <step>.unreadable (kept,
 not deleted) so that it can save that step again.
+
+A save that fails (a full disk, a denied permission; Orbax writes in the
+background, so the error may surface at the next save or at close) raises
+CheckpointSaveError naming the step, the reason and the last good checkpoint;
+close() then removes what the failed save had written. Training stops there,
+and a rerun resumes from that last good checkpoint.
 """
 
+import glob
 import os
+import shutil
+import threading
 
 from absl import logging
 import jax
 import orbax.checkpoint as ocp
+
+from transformer import runtime
+
+
+class CheckpointSaveError(runtime.CommandError):
+  """A checkpoint could not be written; the older ones are intact."""
 
 
 def _abstract(tree, shardings):
@@ -44,6 +59,8 @@ class Checkpointer:
         **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "data"))
+    self._pending = None  # The step being written in the background.
+    self._failed = False  # A CheckpointSaveError was raised: close() reports no more.
 
   def steps(self):
     return sorted(self._manager.all_steps())
@@ -52,8 +69,34 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def save(self, step: int, state, data_state: dict, metrics=None) -> None:
-    self._manager.save(int(step), metrics=metrics, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+    """Starts writing `step` (in the background); first waits for the previous
+    save, raising CheckpointSaveError if it failed."""
+    self._wait()
+    try:
+      self._manager.save(int(step), metrics=metrics, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(int(step), e) from e
+    self._pending = int(step)
+
+  def _wait(self) -> None:
+    """Waits for the save in flight; CheckpointSaveError if it failed (Orbax
+    raises, or only logs and skips the step's final rename)."""
+    pending, self._pending = self._pending, None
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(pending, e) from e
+    if pending is not None and not os.path.isdir(os.path.join(self.directory, str(pending))):
+      raise self._save_error(pending, "it was not completed (Orbax's log above says why)")
+
+  def _save_error(self, step, error) -> CheckpointSaveError:
+    self._failed = True
+    good = [int(n) for n in os.listdir(self.directory) if n.isdigit() and int(n) != step]
+    last = (f"the last good checkpoint is step {max(good)}, which a rerun resumes from"
+            if good else "there is no earlier checkpoint")
+    return CheckpointSaveError(f"checkpoint {step} could not be written to {self.directory}: "
+                               f"{error}. Training stopped; {last}.")
 
   def best_value(self, metric: str):
     """The best saved value of `metric` (None before the first save)."""
@@ -106,8 +149,30 @@ class Checkpointer:
     self._manager.reload()
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    self._wait()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for the save in flight and closes; raises CheckpointSaveError if
+    that save failed, unless a failure was already reported."""
+    failed_before = self._failed
+    try:
+      self._wait()
+    except CheckpointSaveError:
+      if not failed_before:
+        raise
+    finally:
+      try:
+        self._manager.close()
+      except Exception:  # pylint: disable=broad-except  # After a failed save: logged.
+        if not self._failed:
+          raise
+      if self._failed:
+        # A failed item leaves the other items' writer threads running: let them
+        # end (and log) before the message, then remove what the failed save
+        # wrote, which frees what it took of a full disk.
+        for thread in threading.enumerate():
+          if type(thread).__module__.startswith("orbax.") and thread.is_alive():
+            thread.join(timeout=30)
+        pattern = os.path.join(glob.escape(self.directory), "*.orbax-checkpoint-tmp*")
+        for partial in glob.glob(pattern):
+          shutil.rmtree(partial, ignore_errors=True)
