@@ -33,24 +33,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the
 
 
 def parse_flags(argv):
-  """absl's flag parsing, with a bad --config (a file that does not load, an
-  override of a field the config lacks, a value of the wrong type) stopping the
-  program in one line instead of a usage note or a traceback."""
-  try:
-    rest = flags.FLAGS(argv)
-    _CONFIG.value.get("model")  # A file that failed to load raises here.
-  except (AttributeError, KeyError) as e:  # ml_collections: a field the config lacks.
-    name = str(e).strip("\"'")
-    given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
-             and name in a.split("=")[0].split(".")]
-    sys.exit(f"train: error: {given[0] if given else name}: no such field in the config")
-  except (flags.Error, OSError, ValueError) as e:
-    # ml_collections' messages run over lines (a file's traceback, the paths
-    # tried): the first says what failed, the last why.
-    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
-    message = lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
-    sys.exit(f"train: error: {message}")
-  return rest
+  """absl's flag parsing, a bad flag or --config value stopping it in one line."""
+  return runtime.parse_flags(argv, "train")
 
 
 def main(argv):

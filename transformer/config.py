@@ -6,6 +6,7 @@ Every value is checked at start-up, and a bad one names its config field.
 """
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -126,10 +127,24 @@ def model_config(config, vocab_size: int = 0, **overrides) -> ModelConfig:
 def check_config(config) -> None:
   """Checks the fields outside `config.model`; raises ValueError naming the field."""
 
+  def value(field):
+    node = config
+    for part in field.split("."):
+      node = node.get(part)
+    return node
+
   def check(ok, field, message):
     if not ok:
-      section, name = field.split(".")
-      raise ValueError(f"config.{field}={config[section][name]!r}: {message}")
+      raise ValueError(f"config.{field}={value(field)!r}: {message}")
+
+  # Every float is finite: NaN passes no range check by itself only where one is
+  # written as a comparison, and an infinite rate or penalty is no setting.
+  for field in ("train.label_smoothing", "optim.learning_rate_scale", "optim.adam_b1",
+                "optim.adam_b2", "optim.adam_eps", "optim.weight_decay", "optim.grad_clip_norm",
+                "decode.alpha", "model.dropout", "model.attention_dropout"):
+    if value(field) is not None:
+      check(math.isfinite(value(field)), field, "must be a finite number")
+  check(value("seed") >= 0, "seed", "must be >= 0 (it seeds numpy's generators)")
 
   check(config.data.batching in BATCHING, "data.batching", f"must be one of {BATCHING}")
   check(config.data.overlong in OVERLONG, "data.overlong", f"must be one of {OVERLONG}")
@@ -155,6 +170,13 @@ def check_config(config) -> None:
         "must be in [0, 1)")
   check(config.optim.learning_rate_scale > 0, "optim.learning_rate_scale", "must be > 0")
   check(config.decode.alpha >= 0, "decode.alpha", "must be >= 0")
+  check(config.decode.get("max_extra_len", 0) >= 0, "decode.max_extra_len", "must be >= 0")
+  check(config.data.get("prefetch", 0) >= 0, "data.prefetch", "must be >= 0 (0 = off)")
+  for field in ("optim.adam_b1", "optim.adam_b2"):
+    check(0.0 <= value(field) < 1.0, field, "must be in [0, 1)")
+  check(config.optim.adam_eps > 0, "optim.adam_eps", "must be > 0")
+  for field in ("optim.weight_decay", "optim.grad_clip_norm"):
+    check(value(field) >= 0, field, "must be >= 0 (0 = off)")
   model_config(config)  # The model fields check themselves.
 
 

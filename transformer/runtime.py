@@ -147,3 +147,28 @@ def one_line_errors(command: str, extra=()):
     from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
     absl_logging.debug("%s stopped on", command, exc_info=True)
     sys.exit(f"{command}: error: {e}")
+
+
+def parse_flags(argv, command: str, config_flag: str = "config", flag_values=None):
+  """absl's flag parsing (app.run's flags_parser), with a bad flag or a bad
+  config flag (a file that does not load, an override of a field the config
+  lacks, a value of the wrong type) stopping `command` in one line naming it,
+  instead of absl's usage note or a traceback from ml_collections."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  try:
+    rest = flag_values(argv)
+    if flag_values[config_flag].value is not None:
+      flag_values[config_flag].value.get("model")  # A file that failed to load raises here.
+  except (AttributeError, KeyError) as e:  # ml_collections: a field the config lacks.
+    name = str(e).strip("\"'")
+    given = [a.split("=")[0] for a in argv[1:] if a.startswith(f"--{config_flag}.")
+             and name in a.split("=")[0].split(".")]
+    sys.exit(f"{command}: error: {given[0] if given else name}: no such field in the config")
+  except (flags.Error, OSError, ValueError, TypeError) as e:
+    # ml_collections' messages run over lines (a file's traceback, the paths
+    # tried): the first says what failed, the last why.
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
+    message = lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
+    sys.exit(f"{command}: error: {message}")
+  return rest

@@ -8,6 +8,7 @@ second, so a cache would buy nothing.
 import gzip
 import itertools
 import os
+import zlib
 
 
 def find_file(text_dir, split, lang):
@@ -32,7 +33,7 @@ def _lines(path):
     with opener(path, 'rb') as f:
       for n, raw in enumerate(f, start=1):
         yield n, raw.rstrip(b'\r\n')
-  except (OSError, EOFError) as e:  # Corrupt or truncated gzip stream.
+  except (OSError, EOFError, zlib.error) as e:  # Corrupt or truncated gzip stream.
     raise ValueError(f'{path}: cannot read after line {n}: {e}') from e
 
 
