@@ -124,3 +124,43 @@ def test_command_keeps_library_info_off_stderr(workdir):
   assert result.returncode == 0, result.stderr[-3000:]
   assert len(result.stdout.splitlines()) == 3
   assert not [l for l in result.stderr.splitlines() if l.startswith("I")], result.stderr
+
+
+def test_chunks_keep_count_order_and_line_numbers(workdir, tmp_path, capsys):
+  """Translated 2 lines at a time (--chunk_lines 2): the same outputs as in one
+  chunk, in order, and the overlong line's warning still names line 6."""
+  src = tmp_path / "in.txt"
+  src.write_text("\n".join(LINES) + "\n")
+  whole = translate.run(workdir, str(src), str(tmp_path / "whole.txt"), mode="greedy")
+  capsys.readouterr()
+  chunked = translate.run(workdir, str(src), str(tmp_path / "chunked.txt"), mode="greedy",
+                          chunk_lines=2)
+  assert chunked == whole and len(whole) == len(LINES)
+  assert (tmp_path / "chunked.txt").read_text() == "".join(o + "\n" for o in whole)
+  assert "line 6 has 80 tokens" in capsys.readouterr().err
+  assert translate.run(workdir, str(src), str(tmp_path / "n.txt"), mode="greedy",
+                       chunk_lines=3, collect=False) == len(LINES)
+
+
+def test_command_streams_each_line_as_it_arrives(workdir):
+  """With --chunk_lines 1 the answer to a line comes out (flushed) before the
+  next line is even sent: one output line per input line, in order."""
+  import select  # pylint: disable=g-import-not-at-top
+  process = subprocess.Popen(
+      [sys.executable, "-m", "transformer.translate", "--workdir", workdir, "--mode", "greedy",
+       "--chunk_lines", "1"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  try:
+    answers = []
+    for line in ("walk twice", "", "jump left"):
+      process.stdin.write(line + "\n")
+      process.stdin.flush()
+      ready, _, _ = select.select([process.stdout], [], [], 240)
+      assert ready, "no output line before the next input line"
+      answers.append(process.stdout.readline())
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0, process.stderr.read()[-3000:]
+    assert process.stdout.read() == ""
+  finally:
+    process.kill()
+  assert answers[1] == "\n" and all(a.endswith("\n") and a.strip() for a in answers[::2])

@@ -2,17 +2,21 @@
 
   python -m transformer.translate --workdir DIR [--input FILE|-] [--output FILE|-]
       [--mode beam|greedy|sample] [--beam_size 4] [--alpha 0.6] [--checkpoint latest]
-      [--plot_attention OUT.png [--layer -1] [--head all|avg|N]]
+      [--plot_attention OUT.png [--layer -1] [--head all|avg|N]] [--chunk_lines 4096]
 
   echo "jump twice after walk left" | python -m transformer.translate --workdir runs/default
   # -> I_TURN_LEFT I_WALK I_JUMP I_JUMP  (a well-trained SCAN model)
 
-Sentences are batched by length and the outputs put back in input order. An
-empty line gives an empty line; a line longer than the model's source limit
-(min(model.max_len, data.max_length) tokens with EOS) is truncated, with a
-warning on stderr; unknown characters become the UNK token. An --output file is
-written whole or not at all. --plot_attention draws the encoder-decoder
-attention of the first non-empty line (plots.py).
+It streams: the input is read and translated --chunk_lines lines at a time
+(sorted by length within the chunk, the outputs put back in input order), each
+chunk's translations written and flushed before the next chunk is read, so
+memory stays bounded however long the input, and a killed run keeps what it
+wrote (an --output file then holds the translations of the first chunks, one
+line each). An empty line gives an empty line; a line longer than the model's
+source limit (min(model.max_len, data.max_length) tokens with EOS) is
+truncated, with a warning on stderr naming the line; unknown characters become
+the UNK token. --plot_attention draws the encoder-decoder attention of the
+first non-empty line (plots.py).
 """
 
 if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
@@ -20,6 +24,7 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   runtime.use_fast_malloc()
 
 
+import itertools
 import os
 import sys
 
@@ -29,7 +34,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import evaluate, files, inference, plots, runtime
+from transformer import evaluate, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import tokenizer as tokenizer_lib
@@ -42,31 +47,38 @@ def source_limit(config):
   return min(config.model.max_len, config.data.max_length)
 
 
+CHUNK_LINES = 4096  # Lines translated together: full length-sorted batches, bounded memory.
+
+
+def iter_lines(path):
+  """The lines of a file or of stdin ('-'), one at a time as they arrive,
+  without line ends; bad UTF-8 bytes become U+FFFD (then UNK) instead of
+  stopping the run. Lines end at "\n" only (not at U+2028 and friends, as
+  str.splitlines() would), so the line count is the file's."""
+  stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # pylint: disable=consider-using-with
+  try:
+    for raw in stream:
+      yield raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+  finally:
+    if stream is not sys.stdin.buffer:
+      stream.close()
+
+
 def read_lines(path):
-  """Lines of a file or of stdin ('-'), without line ends; bad UTF-8 bytes become
-  U+FFFD (then UNK) instead of stopping the run."""
-  if path == "-":
-    text = sys.stdin.buffer.read().decode("utf-8", errors="replace")
-  else:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      text = f.read()
-  # split("\n"), not splitlines(): the latter also breaks at U+2028 and friends,
-  # which would change the line count.
-  lines = text.split("\n")
-  if lines and lines[-1] == "":
-    lines.pop()
-  return [line.rstrip("\r") for line in lines]
+  """All of iter_lines(path)."""
+  return list(iter_lines(path))
 
 
-def encode_lines(lines, tokenizer, max_length):
+def encode_lines(lines, tokenizer, max_length, first_line=1):
   """(examples, line indices) of the non-empty lines; sources end in EOS and are
-  cut to `max_length` tokens, with a warning on stderr naming the line."""
+  cut to `max_length` tokens, with a warning on stderr naming the line (lines
+  counted from `first_line`)."""
   examples, kept = [], []
   for i, ids in enumerate(tokenizer.encode_batch([line.strip() for line in lines])):
     if not ids:
       continue
     if len(ids) + 1 > max_length:
-      print(f"translate: warning: line {i + 1} has {len(ids)} tokens; keeping the first "
+      print(f"translate: warning: line {i + first_line} has {len(ids)} tokens; keeping the first "
             f"{max_length - 1} (the model's source limit is {max_length} with EOS)",
             file=sys.stderr)
       ids = ids[:max_length - 1]
@@ -76,9 +88,9 @@ def encode_lines(lines, tokenizer, max_length):
   return examples, kept
 
 
-def translate_ids(model, params, tokenizer, config, mesh, lines, **decode_kw):
+def translate_ids(model, params, tokenizer, config, mesh, lines, first_line=1, **decode_kw):
   """Per input line, (source ids, output ids) or None for an empty line."""
-  examples, kept = encode_lines(lines, tokenizer, source_limit(config))
+  examples, kept = encode_lines(lines, tokenizer, source_limit(config), first_line)
   outputs = inference.decode_ids(model, params, examples, config, mesh, **decode_kw)
   result = [None] * len(lines)
   for i, (src, _), out in zip(kept, examples, outputs):
@@ -103,9 +115,11 @@ def token_labels(tokenizer, ids):
 
 def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="beam",
         beam_size=None, alpha=None, max_extra_len=None, plot_attention=None, layer=-1,
-        head="all", seed=0, temperature=1.0, tokens_per_batch=None):
+        head="all", seed=0, temperature=1.0, tokens_per_batch=None,
+        chunk_lines=CHUNK_LINES, collect=True):
   """Restores `workdir`, translates the lines of `input_path` into `output_path`
-  (and draws the attention plot if asked); returns the translations."""
+  chunk by chunk (and draws the attention plot if asked); returns the
+  translations, or with collect=False (bounded memory) their number."""
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
   workdir_lib.checkpoint_location(workdir, checkpoint)
@@ -113,28 +127,42 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}")
+  if chunk_lines < 1:
+    raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
   if plot_attention:  # Bad plot flags fail before any work.
     plots.parse_head(head, config.model.num_heads)
     if not -config.model.num_layers <= layer < config.model.num_layers:
       raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
                        "decoder")
-  lines = read_lines(input_path)
+  if input_path != "-" and not os.path.exists(input_path):
+    raise FileNotFoundError(f"input {input_path!r} does not exist")
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
       mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len),
-      rng=jax.random.key(seed), temperature=temperature, tokens_per_batch=tokens_per_batch)
-  results = translate_ids(restored.model, restored.params, restored.tokenizer, config,
-                          restored.mesh, lines, **decode_kw)
-  outputs = ["" if r is None else restored.tokenizer.decode(r[1]) for r in results]
-  text = "".join(o + "\n" for o in outputs)
-  if output_path == "-":
-    sys.stdout.write(text)
-    sys.stdout.flush()
-  else:
-    files.write_atomic(output_path, text)
+      temperature=temperature, tokens_per_batch=tokens_per_batch)
+  lines = iter_lines(input_path)
+  outputs, count, first = [], 0, None
+  out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+  try:
+    for index in itertools.count():
+      chunk = list(itertools.islice(lines, chunk_lines))
+      if not chunk:
+        break
+      results = translate_ids(restored.model, restored.params, restored.tokenizer, config,
+                              restored.mesh, chunk, first_line=count + 1,
+                              rng=jax.random.fold_in(jax.random.key(seed), index), **decode_kw)
+      texts = ["" if r is None else restored.tokenizer.decode(r[1]) for r in results]
+      out.write("".join(t + "\n" for t in texts))
+      out.flush()  # A killed run keeps every chunk written so far.
+      first = first or next((r for r in results if r is not None), None)
+      count += len(chunk)
+      if collect:
+        outputs += texts
+  finally:
+    if out is not sys.stdout:
+      out.close()
   if plot_attention:
-    first = next((r for r in results if r is not None), None)
     if first is None:
       raise ValueError("nothing to plot: every input line is empty")
     src, out = first
@@ -143,7 +171,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                          token_labels(restored.tokenizer, out), plot_attention, head=head,
                          title=f"encoder-decoder attention, decoder layer "
                          f"{layer % config.model.num_layers}")
-  return outputs
+  return outputs if collect else count
 
 
 def main(argv):
@@ -159,7 +187,7 @@ def main(argv):
   with runtime.one_line_errors("translate"):  # Bad input: the message, not a traceback.
     run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
         f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
-        f.tokens_per_batch)
+        f.tokens_per_batch, f.chunk_lines, collect=False)
 
 
 if __name__ == "__main__":
@@ -172,4 +200,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("head", "all", "all (one panel per head) | avg | a head number.")
   flags.DEFINE_integer("seed", 0, "Sampling seed (--mode sample).")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample).")
+  flags.DEFINE_integer("chunk_lines", CHUNK_LINES, "Lines read, translated and written "
+                       "together (1: each line as soon as it arrives).", lower_bound=1)
   app.run(main)
