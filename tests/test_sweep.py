@@ -243,7 +243,7 @@ def test_real_sweep_of_two_tiny_variants(tmp_path, monkeypatch):
   assert sweep_lib.run_local(sweep, workdir) == {
       "base": "finished", "bogus": "failed", "seed1": "finished"}
   assert results.read_status(os.path.join(workdir, "bogus"))["error"] == (
-      "train.py exited with status 1: ValueError: unknown SCAN split 'scan/bogus'; "
+      "train.py exited with status 1: train: error: unknown SCAN split 'scan/bogus'; "
       "use scan/simple or scan/length")
   assert sweep_lib.run_local(sweep, workdir) == {
       "base": "skipped", "bogus": "failed", "seed1": "skipped"}
