@@ -17,7 +17,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from transformer import training
+from transformer import distributed, training
 from transformer import workdir as workdir_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -32,7 +32,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
   logging.info("Config:\n%s", _CONFIG.value)
-  training.train_and_evaluate(_CONFIG.value, workdir)
+  with distributed.exit_at_once_on_error():
+    training.train_and_evaluate(_CONFIG.value, workdir)
 
 
 if __name__ == "__main__":

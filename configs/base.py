@@ -87,4 +87,12 @@ def get_config():
   # its slowest sentence is done and beams multiply its rows, so on a CPU small
   # batches are faster (Multi30k beam 4: 512 tokens 1.5x faster than 4096).
   decode.tokens_per_batch = 0
+
+  # Multi-process jobs (README, Clusters): which processes make up the job comes from
+  # the environment (transformer/distributed.py); these say how long to wait for them.
+  config.distributed = distributed = ml_collections.ConfigDict()
+  distributed.initialization_timeout_s = 300  # For every process to join at start-up.
+  # Silence after which a process counts as dead and the whole job stops (not hangs).
+  distributed.heartbeat_timeout_s = 100
+  distributed.shutdown_timeout_s = 300  # For every process to reach the end at exit.
   return config

@@ -130,7 +130,9 @@ def check_config(config) -> None:
   for field in ("data.vocab_size", "data.max_length", "data.tokens_per_batch",
                 "data.pack_length", "optim.warmup_steps", "train.num_steps",
                 "train.grad_accum_steps", "train.log_every", "train.eval_every",
-                "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size"):
+                "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
+                "distributed.initialization_timeout_s", "distributed.heartbeat_timeout_s",
+                "distributed.shutdown_timeout_s"):
     section, name = field.split(".")
     check(config[section][name] > 0, field, "must be a positive integer")
   check(config.data.pack_source_length >= 0, "data.pack_source_length",

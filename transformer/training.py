@@ -16,7 +16,7 @@ import optax
 
 from transformer import checkpoints, data as data_lib, inference, losses
 from transformer import metrics as metrics_lib
-from transformer import sharding, state as state_lib
+from transformer import distributed, sharding, state as state_lib
 from transformer.config import check_config
 
 Array = jax.Array
@@ -119,6 +119,16 @@ def evaluate_loss(eval_fn, params, examples, config, mesh):
   return metrics
 
 
+def load_data(config, workdir, mesh):
+  """The training and evaluation data; every host reads its own rows of each
+  global batch. Process 0 prepares the dataset and the vocabulary first, so that
+  the others load what it wrote instead of writing the same files at once."""
+  return distributed.process_0_first(lambda: data_lib.get_train_and_eval(
+      config.data, workdir=workdir, seed=config.seed,
+      batch_multiple=mesh.size * config.train.grad_accum_steps,
+      shard_index=jax.process_index(), shard_count=jax.process_count()), "load_data")
+
+
 def save_config(config, workdir) -> None:
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
@@ -196,7 +206,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns the
   last evaluation metrics."""
   check_config(config)
-  sharding.maybe_initialize_distributed()
+  distributed.maybe_initialize(config.distributed)
   os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
     save_config(config, workdir)
@@ -204,10 +214,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   logging.info("Devices: %d (%s) over %d host(s); mesh %s", jax.device_count(),
                jax.devices()[0].platform, jax.process_count(), dict(mesh.shape))
 
-  data = data_lib.get_train_and_eval(
-      config.data, workdir=workdir, seed=config.seed,
-      batch_multiple=mesh.size * config.train.grad_accum_steps,
-      shard_index=jax.process_index(), shard_count=jax.process_count())
+  data = load_data(config, workdir, mesh)
   logging.info("Data: %s", json.dumps(data.stats))
   model, tx, abstract, shardings, schedule = state_lib.build(
       config, data.tokenizer.vocab_size, mesh)
