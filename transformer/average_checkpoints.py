@@ -20,7 +20,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, runtime
+from transformer import checkpoints, distributed, runtime
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -81,8 +81,11 @@ def average_checkpoints(workdir, last=5, mesh=None):
   averaged = newest["state"].replace(params=params)
 
   final, _ = workdir_lib.checkpoint_location(workdir, "averaged")
-  staging = f"{final}.tmp{os.getpid()}"
-  shutil.rmtree(staging, ignore_errors=True)
+  # One name in every process of a multi-process job: they write one checkpoint.
+  staging = f"{final}.tmp"
+  if jax.process_index() == 0:
+    shutil.rmtree(staging, ignore_errors=True)
+  distributed.barrier("average_checkpoints staging")  # Removed before anyone writes.
   writer = checkpoints.Checkpointer(staging, keep=1)
   writer.save(chosen[-1], averaged, newest["data_state"])
   writer.close()
@@ -97,11 +100,14 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   runtime.use_compilation_cache()
-  try:
-    step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
-  except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
-    sys.exit(f"average_checkpoints: error: {e}")
-  print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
+  with distributed.exit_at_once_on_error():
+    try:
+      distributed.maybe_initialize(workdir_lib.distributed_settings(flags.FLAGS.workdir))
+      step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
+    except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
+      sys.exit(f"average_checkpoints: error: {e}")
+  if jax.process_index() == 0:
+    print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
 
 
 if __name__ == "__main__":

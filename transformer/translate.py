@@ -28,7 +28,7 @@ from absl import flags
 import jax
 import numpy as np
 
-from transformer import evaluate, files, inference, plots, runtime
+from transformer import distributed, evaluate, files, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import tokenizer as tokenizer_lib
@@ -114,6 +114,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     raise ValueError(f"temperature must be > 0, got {temperature}")
   config = workdir_lib.load_config(workdir)
   if plot_attention:  # Bad plot flags fail before any work.
+    if jax.process_count() > 1:
+      raise ValueError("--plot_attention draws in one process; run it without the other "
+                       "processes of a multi-process job")
     plots.parse_head(head, config.model.num_heads)
     if not -config.model.num_layers <= layer < config.model.num_layers:
       raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
@@ -127,6 +130,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                           restored.mesh, lines, **decode_kw)
   outputs = ["" if r is None else restored.tokenizer.decode(r[1]) for r in results]
   text = "".join(o + "\n" for o in outputs)
+  if jax.process_index() > 0:  # Every process holds every output; the first writes them.
+    return outputs
   if output_path == "-":
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -150,12 +155,14 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   runtime.use_compilation_cache()
   f = flags.FLAGS
-  try:
-    run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
-        f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
-        f.tokens_per_batch)
-  except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
-    sys.exit(f"translate: error: {e}")
+  with distributed.exit_at_once_on_error():
+    try:
+      distributed.maybe_initialize(workdir_lib.distributed_settings(f.workdir))
+      run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
+          f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
+          f.tokens_per_batch)
+    except (FileNotFoundError, ValueError) as e:  # Bad input: the message, not a traceback.
+      sys.exit(f"translate: error: {e}")
 
 
 if __name__ == "__main__":
