@@ -186,17 +186,16 @@ def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
   assert two["hypotheses"] == one["hypotheses"]
 
 
-def test_a_killed_process_ends_the_job_promptly(data_dir, tmp_path):
-  """kill -9 of process 1 mid-training: process 0 exits non-zero by itself (a
-  collective with a dead peer fails, or its heartbeat stops) well within the
-  launcher's grace period, and the launcher names process 1 as the first failure."""
+def stop_process_1_mid_training(data_dir, workdir, sig, grace_s):
+  """Starts a long 2-process training, sends `sig` to process 1 once it has logged
+  step 3; (the launcher's output, seconds from the signal to the line saying that
+  process 0 ended, the launcher's exit status)."""
   command, env = launch_command(["train.py", f"--config=tests/multiprocess_config.py:{data_dir}",
-                                 f"--workdir={tmp_path / 'killed'}",
-                                 "--config.train.num_steps=100000"])
-  command.insert(command.index("--"), "--grace_s=60")
+                                 f"--workdir={workdir}", "--config.train.num_steps=100000"])
+  command.insert(command.index("--"), f"--grace_s={grace_s}")
   job = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
-  lines, pids, killed_at = [], {}, None
+  lines, pids, sent_at, ended_after = [], {}, None, None
   try:
     deadline = time.monotonic() + JOB_TIMEOUT_S
     for line in job.stdout:
@@ -204,21 +203,49 @@ def test_a_killed_process_ends_the_job_promptly(data_dir, tmp_path):
       found = re.match(r"\[launch\] process (\d+): pid (\d+)", line)
       if found:
         pids[int(found[1])] = int(found[2])
-      if killed_at is None and re.match(r"\[p1\] .*\] \[3\] train/", line):
-        os.kill(pids[1], signal.SIGKILL)
-        killed_at = time.monotonic()
+      if sent_at is None and re.match(r"\[p1\] .*\] \[3\] train/", line):
+        os.kill(pids[1], sig)
+        sent_at = time.monotonic()
+      if (sent_at is not None and ended_after is None
+          and re.match(r"\[launch\] process 0: |\[launch\] process 0 (exited|killed)", line)):
+        ended_after = time.monotonic() - sent_at
       assert time.monotonic() < deadline, "".join(lines[-50:])
-    job.wait(timeout=90)
+    job.wait(timeout=60)
   finally:
     if job.poll() is None:
       job.kill()
   output = "".join(lines)
-  assert killed_at is not None, output[-5000:]
-  ended_after = time.monotonic() - killed_at
-  assert job.returncode == 128 + signal.SIGKILL, output[-5000:]
-  assert "[launch] process 1: killed by SIGKILL" in output
+  assert sent_at is not None and ended_after is not None, output[-5000:]
+  return output, ended_after, job.returncode
+
+
+def test_a_killed_process_ends_the_job_promptly(data_dir, tmp_path):
+  """kill -9 of process 1 mid-training: process 0's next collective with it fails,
+  and process 0 exits non-zero by itself, well within the launcher's grace
+  period; the launcher names process 1 as the first failure."""
+  output, ended_after, code = stop_process_1_mid_training(
+      data_dir, tmp_path / "killed", signal.SIGKILL, grace_s=60)
+  assert code == 128 + signal.SIGKILL, output[-5000:]
+  assert "[launch] process 1: killed by SIGKILL\n" in output
   assert re.search(r"\[launch\] process 0: (exited with status [1-9]|killed by SIG\w+)\n",
                    output), output[-5000:]  # By itself: not "(by the launcher)".
   assert "[launch] failed: process 1 killed by SIGKILL first" in output
   heartbeat = get_config(data_dir).distributed.heartbeat_timeout_s
-  assert ended_after < heartbeat + 30, ended_after
+  assert ended_after < heartbeat + 20, ended_after
+
+
+def test_a_hung_process_ends_the_job_within_the_heartbeat_timeout(data_dir, tmp_path):
+  """A process that stops (SIGSTOP: alive, sockets open, silent) leaves process 0
+  waiting in a collective; JAX's coordination service misses its heartbeats for
+  config.distributed.heartbeat_timeout_s and ends process 0 (SIGABRT); the
+  launcher then ends the stopped one."""
+  output, ended_after, code = stop_process_1_mid_training(
+      data_dir, tmp_path / "hung", signal.SIGSTOP, grace_s=1)
+  heartbeat = get_config(data_dir).distributed.heartbeat_timeout_s
+  assert "stopped sending heartbeats" in output, output[-5000:]
+  assert "[launch] process 0: killed by SIGABRT\n" in output, output[-5000:]
+  # Continued and told to end, it may first take the service's error (SIGABRT).
+  assert re.search(r"\[launch\] process 1: killed by SIG\w+ \(by the launcher\)", output)
+  assert code == 128 + signal.SIGABRT
+  # Heartbeats go out every few seconds: the last one came up to that long before the stop.
+  assert ended_after < heartbeat + 20, ended_after

@@ -152,6 +152,7 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
         for i, c in enumerate(children):
           if c.poll() is None:
             c.terminate()
+            c.send_signal(signal.SIGCONT)  # A stopped process acts on SIGTERM once continued.
             stopped.append(i)
         say(f"terminating processes {stopped}: {reason}")
         for c in children:
