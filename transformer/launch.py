@@ -71,14 +71,21 @@ def how_it_ended(returncode) -> str:
   return f"exited with status {returncode}"
 
 
-def _die_with_parent():
-  # Linux: a child whose launcher dies (even by SIGKILL) gets SIGTERM, so that no
-  # process of the job is left behind; kept across exec (train.py re-executes itself).
-  try:
-    import ctypes  # pylint: disable=g-import-not-at-top
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-  except (OSError, AttributeError):
-    pass
+# Linux: each child asks for SIGTERM should the launcher die (even by SIGKILL), so
+# that no process of a job is left behind; the request survives exec (train.py
+# re-executes itself). The child makes it itself before exec'ing the command, not a
+# preexec_fn: Python code between fork and exec in a threaded parent can deadlock.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit('launcher gone')\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
+def _child_command(command) -> list:
+  if not sys.platform.startswith("linux"):
+    return command_line(command)
+  return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())] + command_line(command)
 
 
 def _pump(stream, prefix, out, lock):
@@ -106,12 +113,11 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
 
   say(f"{processes} processes, coordinator 127.0.0.1:{port}: {' '.join(command)}")
   children = []
-  for i in range(processes):  # All started before any thread (preexec_fn and threads).
+  for i in range(processes):
     children.append(subprocess.Popen(
-        command_line(command), env=process_env(environ, port, processes, i,
-                                               devices_per_process),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None))
+        _child_command(command), env=process_env(environ, port, processes, i,
+                                                 devices_per_process),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     say(f"process {i}: pid {children[-1].pid}")
   pumps = [threading.Thread(target=_pump, args=(c.stdout, f"[p{i}] ", out, lock),
                             daemon=True) for i, c in enumerate(children)]
