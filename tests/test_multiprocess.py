@@ -128,6 +128,8 @@ def runs(data_dir, tmp_path_factory):
 
 
 def test_two_processes_train_as_one(data_dir, runs):
+  """train.py in 2 processes x 2 devices: after 6 steps the parameters and the
+  iterator position of 1 process x 4 devices; one events file."""
   config = get_config(data_dir)
   a, data_a, step_a = restore_params(runs["two"], config)
   b, data_b, _ = restore_params(runs["one"], config, 6)
@@ -137,6 +139,7 @@ def test_two_processes_train_as_one(data_dir, runs):
 
 
 def test_two_processes_train_as_one_with_fsdp(data_dir, tmp_path):
+  """The same with parameters and optimizer state split over the 4 devices."""
   config = get_config(data_dir)
   one, two = str(tmp_path / "one"), str(tmp_path / "two")
   train(data_dir, one, 1, "--config.train.fsdp=True")
@@ -166,6 +169,9 @@ def test_checkpoint_of_two_processes_resumes_in_one(data_dir, runs, tmp_path):
 
 
 def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
+  """python -m transformer.evaluate in 2 processes: one JSON and one hypotheses
+  file, written and announced by process 0, with the 1-process numbers, batches
+  and hypotheses."""
   workdir = str(tmp_path / "eval")
   shutil.copytree(runs["two"], workdir)
   command = ["-m", "transformer.evaluate", f"--workdir={workdir}", "--mode=greedy",
@@ -185,8 +191,8 @@ def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
       os.remove(path)
   one, two = results
   assert two["num_sentences"] == one["num_sentences"] == 40
-  assert two["metrics"] == one["metrics"]
-  assert two["hypotheses"] == one["hypotheses"]
+  assert two["batches"] == one["batches"] and two["metrics"] == one["metrics"]
+  assert two["hypotheses"] == one["hypotheses"] and two["hypotheses"].count("\n") == 40
 
 
 def stop_process_1_mid_training(data_dir, workdir, sig, grace_s):
