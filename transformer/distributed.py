@@ -113,9 +113,10 @@ def maybe_initialize(settings=None) -> Optional[Job]:
   if job is None or jax.distributed.is_initialized():
     return job
   wait = timeouts(settings)
-  # Cross-process collectives on the CPU backend need an implementation (none by
-  # default). gloo changes nothing on the accelerators, whose collectives are
-  # their own, so it is set for any platform unless one was chosen (e.g. mpi).
+  # Cross-process collectives on the CPU backend need an implementation: gloo is
+  # JAX's default in the version pinned here, none in older ones. It changes
+  # nothing on accelerators (their collectives are their own), so any platform
+  # gets it where none was chosen (JAX_CPU_COLLECTIVES_IMPLEMENTATION=mpi is kept).
   if jax.config.jax_cpu_collectives_implementation is None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   detection = job.described_by if job.described_by in ("slurm", "ompi") else None
