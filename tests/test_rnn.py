@@ -251,3 +251,14 @@ def test_evaluate_and_translate_the_rnn_workdir(trained, tmp_path):
                           plot_attention=str(png))
   assert len(outputs) == 3 and outputs[1] == ""
   assert_png(str(png))
+
+
+def test_rnn_configs_check():
+  from configs import multi30k_rnn, rnn_scan  # pylint: disable=g-import-not-at-top
+  check_config(rnn_scan.get_config())
+  for attention in ("bahdanau", "luong_general", "luong_dot"):
+    config = multi30k_rnn.get_config(attention)
+    check_config(config)
+    assert config.model.rnn_attention == attention
+  with pytest.raises(ValueError, match="must be one of"):
+    multi30k_rnn.get_config("luong")
