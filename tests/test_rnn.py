@@ -2,7 +2,6 @@
 against the teacher-forced pass, beam 1 = greedy, parameter counts, config errors, and
 a tiny SCAN run trained, resumed, evaluated and translated through the shared commands."""
 
-import dataclasses
 import functools
 import json
 import os
