@@ -60,9 +60,9 @@ class AttentionDecoderCell(nn.Module):
   """One decoder step: (state, embedded previous token, context) -> (state,
   (output before the vocabulary projection, attention weights over the source)).
 
-  bahdanau: e_ij = v^T tanh(W s_{i-1} + U h_j) from the previous state (A.1.2, eq. 6),
-  c_i = sum_j a_ij h_j (eq. 5), s_i = f(s_{i-1}, y_{i-1}, c_i) (eq. 4), and the
-  output reads y_{i-1}, s_i and c_i (eq. 4's g, a tanh layer in place of A.2.2's maxout).
+  bahdanau: e_ij = v^T tanh(W s_{i-1} + U h_j) from the previous state (eq. 6, A.1.2),
+  c_i = sum_j a_ij h_j (eq. 5), s_i = f(s_{i-1}, y_{i-1}, c_i) (3.1), and the output
+  reads y_{i-1}, s_i and c_i (eq. 4's g; a tanh layer in place of A.2.2's maxout).
   luong_*: h_t from the previous state (and h~_{t-1} with input feeding, 3.3), then
   score(h_t, h_s) = h_t^T h_s (dot) or h_t^T W h_s (general) (eq. 8), a_t (eq. 7),
   c_t, and the attentional hidden state h~_t = tanh(W_c [c_t; h_t]) (eq. 5).
