@@ -31,6 +31,14 @@ def get_config():
   model.attention_score = "scaled_dot"
   model.attention_impl = "fused"  # fused (jax.nn.dot_product_attention) | reference.
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 (params stay float32).
+  # transformer (this paper) | rnn: the recurrent encoder-decoder with attention it is
+  # compared against (transformer/rnn.py; configs/rnn_scan.py, configs/multi30k_rnn.py).
+  model.architecture = "transformer"
+  model.rnn_cell = "gru"  # rnn: gru | lstm.
+  # rnn: bahdanau (additive score of the previous state, Bahdanau et al. 2015) |
+  # luong_general | luong_dot (multiplicative score of the current state, Luong et al. 2015).
+  model.rnn_attention = "bahdanau"
+  model.rnn_input_feeding = True  # rnn, luong_*: feed h~_{t-1} with the next input (Luong 3.3).
   # The special token ids are the vocabulary's, not settings: transformer/config.py.
 
   config.data = data = ml_collections.ConfigDict()
