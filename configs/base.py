@@ -18,6 +18,7 @@ def get_config():
   model.d_model = 512  # Width of every sub-layer output (3.1).
   model.d_ff = 2048  # Inner width of the feed-forward sub-layer (3.3).
   model.num_heads = 8  # h; d_k = d_v = d_model / h = 64 (3.2.2).
+  model.d_k = 0  # Query/key size per head alone (Table 3 row B); 0 = d_model / h.
   model.dropout = 0.1  # P_drop on sub-layer outputs and embedding sums (5.4).
   model.attention_dropout = 0.0  # Dropout on attention probabilities (not in the paper).
   model.attention_bias = False  # Biases on W^Q, W^K, W^V, W^O (the paper's have none, 3.2.2).
@@ -30,6 +31,14 @@ def get_config():
   model.attention_score = "scaled_dot"
   model.attention_impl = "fused"  # fused (jax.nn.dot_product_attention) | reference.
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 (params stay float32).
+  # transformer (this paper) | rnn: the recurrent encoder-decoder with attention it is
+  # compared against (transformer/rnn.py; configs/rnn_scan.py, configs/multi30k_rnn.py).
+  model.architecture = "transformer"
+  model.rnn_cell = "gru"  # rnn: gru | lstm.
+  # rnn: bahdanau (additive score of the previous state, Bahdanau et al. 2015) |
+  # luong_general | luong_dot (multiplicative score of the current state, Luong et al. 2015).
+  model.rnn_attention = "bahdanau"
+  model.rnn_input_feeding = True  # rnn, luong_*: feed h~_{t-1} with the next input (Luong 3.3).
   # The special token ids are the vocabulary's, not settings: transformer/config.py.
 
   config.data = data = ml_collections.ConfigDict()

@@ -1,5 +1,6 @@
 """Attention equals a naive per-head reference for every score; masks do what they say."""
 
+import dataclasses
 import itertools
 import math
 
@@ -121,7 +122,8 @@ def test_dot_is_scaled_dot_without_the_scale(impl):
   1/sqrt(d_k) turns one into the other; unscaled, they differ."""
   cfg = tiny_config(attention_impl=impl, attention_bias=True)
   scaled = MultiHeadAttention(cfg, self_attention=False)
-  dot = MultiHeadAttention(cfg.replace(attention_score="dot"), self_attention=False)
+  dot = MultiHeadAttention(dataclasses.replace(cfg, attention_score="dot"),
+                           self_attention=False)
   rng = np.random.default_rng(2)
   x = jnp.asarray(rng.normal(size=(2, 3, cfg.d_model)), jnp.float32)
   mem = jnp.asarray(rng.normal(size=(2, 5, cfg.d_model)), jnp.float32)

@@ -7,12 +7,13 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import sacrebleu
 
 from tests.helpers import tiny_experiment
 from transformer import data as data_lib
-from transformer import evaluate, metrics, training
+from transformer import evaluate, metrics, results, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,6 +121,16 @@ def test_evaluate_writes_json_and_exact_match_matches_its_outputs(workdir):
   assert saved["metrics"]["exact_match"] == pytest.approx(exact)
   assert saved["metrics"] == pytest.approx(metrics.score(hypotheses, references, "scan"))
   assert not [n for n in os.listdir(workdir) if ".tmp" in n]  # Temporary files renamed.
+
+
+def test_perplexity_is_the_one_training_logged(workdir):
+  """Per target token, without label smoothing: on training's eval split and last
+  checkpoint, evaluate reports the eval/perplexity training logged at its last step."""
+  result, _ = evaluate.run(workdir, split="test[:200]", mode="greedy")
+  logged = results.last_scalars(workdir, ["eval/perplexity"])["eval/perplexity"]
+  assert result["step"] == 20
+  assert result["perplexity"] == pytest.approx(logged, rel=1e-5)
+  assert result["perplexity"] == pytest.approx(np.exp(result["nll"]), rel=1e-6)
 
 
 def test_missing_workdir_is_named(tmp_path):

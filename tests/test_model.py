@@ -169,13 +169,16 @@ def test_packed_rows_equal_separate_examples():
     j += len(t)
 
 
-@pytest.mark.parametrize("norm_position,dtype,score", [
-    ("post", "float32", "scaled_dot"), ("pre", "float32", "scaled_dot"),
-    ("post", "bfloat16", "scaled_dot"), ("post", "float32", "dot"),
-    ("post", "float32", "additive"), ("post", "float32", "general"),
-    ("post", "bfloat16", "additive"), ("post", "bfloat16", "general")])
-def test_cached_decoding_equals_full_forward(norm_position, dtype, score):
-  cfg = tiny_config(norm_position=norm_position, dtype=dtype, attention_score=score)
+@pytest.mark.parametrize("norm_position,dtype,score,d_k", [
+    ("post", "float32", "scaled_dot", 0), ("pre", "float32", "scaled_dot", 0),
+    ("post", "bfloat16", "scaled_dot", 0), ("post", "float32", "dot", 0),
+    ("post", "float32", "additive", 0), ("post", "float32", "general", 0),
+    ("post", "bfloat16", "additive", 0), ("post", "bfloat16", "general", 0),
+    # d_k = 4 with d_v = 8: queries/keys and values of different sizes (Table 3 row B).
+    ("post", "float32", "scaled_dot", 4), ("post", "float32", "general", 4),
+    ("post", "float32", "additive", 4)])
+def test_cached_decoding_equals_full_forward(norm_position, dtype, score, d_k):
+  cfg = tiny_config(norm_position=norm_position, dtype=dtype, attention_score=score, d_k=d_k)
   rng = np.random.default_rng(3)
   inputs = random_tokens(rng, [5, 3], 6)
   targets = random_tokens(rng, [7, 7], 7)
@@ -202,18 +205,31 @@ def test_cached_decoding_equals_full_forward(norm_position, dtype, score):
 
 
 @pytest.mark.parametrize("score", ATTENTION_SCORES)
-def test_parameter_count_per_score(score):
-  """The tiny model counted by hand: V*D shared embedding; per attention 4 D^2
-  (W^Q, W^K, W^V, W^O) plus the score's own per-head matrices, H K^2 for general
-  (W) and H (2 K^2 + K) for additive (W_q, W_k, v); 2 D d_ff + d_ff + D per FFN;
-  2 D per LayerNorm. 3N attentions: one per encoder layer, two per decoder layer."""
-  cfg = tiny_config(attention_score=score)
+@pytest.mark.parametrize("d_k", [0, 4])
+def test_parameter_count_per_score(score, d_k):
+  """The tiny model counted by hand: V*D shared embedding; per attention 2 D H d_k
+  (W^Q, W^K) + 2 D^2 (W^V, W^O; d_v = D / H) plus the score's own per-head
+  matrices, H K^2 for general (W) and H (2 K^2 + K) for additive (W_q, W_k, v),
+  K = d_k; 2 D d_ff + d_ff + D per FFN; 2 D per LayerNorm. 3N attentions: one per
+  encoder layer, two per decoder layer."""
+  cfg = tiny_config(attention_score=score, d_k=d_k)
   V, D, F, N = TINY["input_vocab_size"], TINY["d_model"], TINY["d_ff"], TINY["num_layers"]
-  H, K = cfg.num_heads, cfg.head_dim
+  H, K = cfg.num_heads, d_k or D // cfg.num_heads
   extra = {"scaled_dot": 0, "dot": 0, "general": H * K * K, "additive": H * (2 * K * K + K)}
-  attention, ffn = 4 * D * D + extra[score], 2 * D * F + F + D
+  attention, ffn = 2 * D * H * K + 2 * D * D + extra[score], 2 * D * F + F + D
   expected = V * D + N * (attention + ffn + 2 * 2 * D) + N * (2 * attention + ffn + 3 * 2 * D)
   assert sum(x.size for x in jax.tree.leaves(parameter_shapes(cfg))) == expected
+
+
+def test_d_k_of_d_model_over_h_is_the_default_model():
+  """Setting d_k to d_model / h changes nothing: same parameters, same outputs."""
+  rng = np.random.default_rng(8)
+  inputs, targets = random_tokens(rng, [5, 3], 6), random_tokens(rng, [4, 6], 6)
+  _, default = init_model(tiny_config(), inputs, targets)
+  model, explicit = init_model(tiny_config(d_k=8), inputs, targets)
+  jax.tree.map(np.testing.assert_array_equal, default, explicit)
+  np.testing.assert_array_equal(model.apply({"params": default}, inputs, targets),
+                                model.apply({"params": explicit}, inputs, targets))
 
 
 def test_dropout_is_active_only_in_training():

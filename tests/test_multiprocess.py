@@ -192,6 +192,7 @@ def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
   one, two = results
   assert two["num_sentences"] == one["num_sentences"] == 40
   assert two["batches"] == one["batches"] and two["metrics"] == one["metrics"]
+  assert two["perplexity"] == pytest.approx(one["perplexity"], rel=1e-5)  # Sums over hosts.
   assert two["hypotheses"] == one["hypotheses"] and two["hypotheses"].count("\n") == 40
 
 

@@ -123,7 +123,7 @@ def _heads_major(x_BxSxHxK):
 
 def _score_params(module, cfg):
   """The learned per-head score matrices of `module` (none for the dot products)."""
-  H, K = cfg.num_heads, cfg.head_dim
+  H, K = cfg.num_heads, cfg.key_dim
   matrix = lambda name: module.param(  # Xavier over each head's K x K.
       name, nn.initializers.xavier_uniform(batch_axis=(0,)), (H, K, K), jnp.float32)
   if cfg.attention_score == "general":
@@ -139,8 +139,9 @@ def _score_params(module, cfg):
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W_O (section 3.2.2).
 
-  W_Q, W_K, W_V are each one D x (H*K) matrix viewed as H heads of size K; like
-  W_O they have no bias unless config.attention_bias (the paper's have none).
+  W_Q, W_K, W_V are each one D x (H*K) matrix viewed as H heads of size K (K = d_k
+  for W_Q and W_K, d_v = d_model / h for W_V; d_k = d_v unless config.d_k is set);
+  like W_O they have no bias unless config.attention_bias (the paper's have none).
   With `decode=True`, self-attention appends each step's key/value to a cache of
   the length it was created with; cross-attention computes the encoder's keys and
   values when the cache is created and reuses them at every step. Cached keys
@@ -155,15 +156,15 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BxTxD, memory_BxSxD, mask, *, deterministic: bool,
                decode: bool = False, decode_step: Optional[Array] = None):
     cfg = self.config
-    dense = lambda name: nn.DenseGeneral(
-        (cfg.num_heads, cfg.head_dim), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
+    dense = lambda name, size: nn.DenseGeneral(
+        (cfg.num_heads, size), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
         kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
         name=name)
     merge_heads = lambda out_BxTxHxK: nn.DenseGeneral(  # Concat(head_1..head_h) W_O.
         cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
         kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
         name="out")(out_BxTxHxK)
-    q_BxTxHxK = dense("query")(x_BxTxD)
+    q_BxTxHxK = dense("query", cfg.key_dim)(x_BxTxD)
     score_params = _score_params(self, cfg)
     # One cache layout for every score: additive recomputes W_k k from the cached keys.
     attend = lambda *args, **kwargs: reference_attention(
@@ -175,18 +176,18 @@ class MultiHeadAttention(nn.Module):
       v_BxHxSxK = self.get_variable("cache", "cached_value")
       out_BxTxHxK = attend(q_BxTxHxK, k_BxHxSxK, v_BxHxSxK, mask, heads_major=True)
       return merge_heads(out_BxTxHxK)
-    k_BxSxHxK = dense("key")(memory_BxSxD)
-    v_BxSxHxK = dense("value")(memory_BxSxD)
+    k_BxSxHxK = dense("key", cfg.key_dim)(memory_BxSxD)
+    v_BxSxHxK = dense("value", cfg.head_dim)(memory_BxSxD)
     if decode and not self.self_attention:  # Creating the cache.
       self.put_variable("cache", "cached_key", _heads_major(k_BxSxHxK))
       self.put_variable("cache", "cached_value", _heads_major(v_BxSxHxK))
 
     if decode and self.self_attention:
       cached = self.has_variable("cache", "cached_key")
-      batch, length, heads, head_dim = k_BxSxHxK.shape
-      shape = (batch, heads, length, head_dim)
-      key = self.variable("cache", "cached_key", jnp.zeros, shape, k_BxSxHxK.dtype)
-      value = self.variable("cache", "cached_value", jnp.zeros, shape, v_BxSxHxK.dtype)
+      key = self.variable("cache", "cached_key", jnp.zeros,
+                          _heads_major(k_BxSxHxK).shape, k_BxSxHxK.dtype)
+      value = self.variable("cache", "cached_value", jnp.zeros,
+                            _heads_major(v_BxSxHxK).shape, v_BxSxHxK.dtype)
       if cached:  # One step: x is [B, 1, D]; write it at decode_step, attend to <= step.
         start = (0, 0, decode_step, 0)
         key.value = jax.lax.dynamic_update_slice(key.value, _heads_major(k_BxSxHxK), start)
@@ -197,6 +198,7 @@ class MultiHeadAttention(nn.Module):
 
     use_reference = (cfg.attention_impl == "reference"
                      or cfg.attention_score not in SCORED_BY_FUSED
+                     or cfg.key_dim != cfg.head_dim  # The fused path needs d_k == d_v.
                      or (cfg.attention_dropout > 0.0 and not deterministic))
     if use_reference:
       rng = None if deterministic else self.make_rng("dropout")

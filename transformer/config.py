@@ -28,6 +28,9 @@ NORM_POSITIONS = ("post", "pre")
 ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "general")
 ATTENTION_IMPLEMENTATIONS = ("fused", "reference")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ARCHITECTURES = ("transformer", "rnn")  # model.architecture; rnn: transformer/rnn.py.
+RNN_CELLS = ("gru", "lstm")
+RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,7 @@ class ModelConfig:
   d_model: int = 512
   d_ff: int = 2048
   num_heads: int = 8  # h; d_k = d_v = d_model / h (3.2.2).
+  d_k: int = 0  # Query/key size per head; 0 = d_model / h. Table 3 row (B) sets it alone.
   dropout: float = 0.1  # P_drop (5.4).
   attention_dropout: float = 0.0  # On attention probabilities; not in the paper.
   attention_bias: bool = False  # W^Q, W^K, W^V, W^O are plain matrices (3.2.2).
@@ -52,6 +56,14 @@ class ModelConfig:
   attention_score: str = "scaled_dot"  # QK^T / sqrt(d_k) (3.2.1) | dot | additive | general.
   attention_impl: str = "fused"  # jax.nn.dot_product_attention, or "reference".
   dtype: str = "float32"  # Compute dtype; parameters always stay float32.
+  # The recurrent encoder-decoders the paper compares against (transformer/rnn.py).
+  # They read d_model (embeddings, decoder state; d_model / 2 per encoder direction),
+  # num_layers, dropout, share_embeddings, tie_output and max_len, and none of the
+  # attention/FFN fields above.
+  architecture: str = "transformer"  # transformer | rnn.
+  rnn_cell: str = "gru"  # gru | lstm.
+  rnn_attention: str = "bahdanau"  # bahdanau (additive) | luong_general | luong_dot.
+  rnn_input_feeding: bool = True  # Luong: feed h~_{t-1} with the next input (3.3).
   pad_id: int = PAD_ID
   bos_id: int = BOS_ID  # Fed to the decoder first.
   eos_id: int = EOS_ID  # Ends a decoded sequence.
@@ -64,8 +76,18 @@ class ModelConfig:
     for field in ("input_vocab_size", "output_vocab_size", "num_layers", "d_model",
                   "d_ff", "num_heads", "max_len"):
       check(getattr(self, field) > 0, field, "must be a positive integer")
-    check(self.d_model % self.num_heads == 0, "num_heads",
-          f"d_model={self.d_model} must be divisible by the number of heads")
+    check(self.d_k >= 0, "d_k", "must be >= 0 (0 = d_model / num_heads)")
+    check(self.architecture in ARCHITECTURES, "architecture",
+          f"must be one of {ARCHITECTURES}")
+    if self.architecture == "rnn":
+      check(self.rnn_cell in RNN_CELLS, "rnn_cell", f"must be one of {RNN_CELLS}")
+      check(self.rnn_attention in RNN_ATTENTIONS, "rnn_attention",
+            f"must be one of {RNN_ATTENTIONS}")
+      check(self.d_model % 2 == 0, "d_model",
+            "must be even for the rnn: each encoder direction has d_model / 2 units")
+    else:  # The RNN has no heads.
+      check(self.d_model % self.num_heads == 0, "num_heads",
+            f"d_model={self.d_model} must be divisible by the number of heads")
     for field in ("dropout", "attention_dropout"):
       check(0.0 <= getattr(self, field) < 1.0, field, "must be in [0, 1)")
     check(self.activation in ACTIVATIONS, "activation", f"must be one of {ACTIVATIONS}")
@@ -86,7 +108,13 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
+    """d_v, each head's value (and output) size: d_model / h."""
     return self.d_model // self.num_heads
+
+  @property
+  def key_dim(self) -> int:
+    """d_k, each head's query and key size: d_model / h unless d_k is set."""
+    return self.d_k or self.head_dim
 
   @property
   def compute_dtype(self) -> Any:
@@ -149,4 +177,8 @@ def check_config(config) -> None:
         "must be in [0, 1)")
   check(config.optim.learning_rate_scale > 0, "optim.learning_rate_scale", "must be > 0")
   check(config.decode.alpha >= 0, "decode.alpha", "must be >= 0")
+  # Packed rows need segment masks; a recurrence would carry its state across them.
+  check(not (config.data.batching == "pack"
+             and config.model.get("architecture", "transformer") == "rnn"), "data.batching",
+        "config.model.architecture='rnn' does not support packed rows; use 'bucket'")
   model_config(config)  # The model fields check themselves.

@@ -5,7 +5,9 @@ exact match for SCAN.
       [--mode beam|greedy] [--beam_size 4] [--alpha 0.6] [--max_extra_len 50] [--limit N]
 
 Decoding settings default to config.decode (section 6.1: beam 4, alpha 0.6,
-input length + 50), the split to config.data.test_split. Results are printed and
+input length + 50), the split to config.data.test_split. The split's perplexity
+per target token without label smoothing (teacher-forced; Table 3's "PPL (dev)"
+on the dev split) is reported beside the scores. Results are printed and
 written to DIR/eval_{split}_{checkpoint}_{mode}.json (mode: greedy, or beam{K}-a{alpha};
 '-n{N}' added with --limit), the hypotheses to the same name with .txt, one per
 line in the split's order.
@@ -20,6 +22,7 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   runtime.use_fast_malloc()
 
 
+import functools
 import json
 import os
 import re
@@ -30,7 +33,7 @@ from absl import flags
 import jax
 
 from transformer import data as data_lib
-from transformer import distributed, files, inference, runtime
+from transformer import distributed, files, inference, runtime, training
 from transformer import workdir as workdir_lib
 from transformer.config import SCORED_DECODE_MODES
 
@@ -67,6 +70,9 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       restored.model, restored.params, examples, [t for _, t in pairs], restored.tokenizer,
       config, restored.mesh, mode=mode, beam_size=beam_size, alpha=alpha,
       max_extra_len=max_extra_len, tokens_per_batch=tokens_per_batch)
+  eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
+                                      label_smoothing=config.train.label_smoothing))
+  loss = training.evaluate_loss(eval_fn, restored.params, examples, config, restored.mesh)
   stem = os.path.join(workdir, result_name(split, checkpoint, mode, beam_size, alpha, limit))
   result = {
       "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
@@ -77,6 +83,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       "num_sentences": metrics.pop("num_sentences"),
       "truncated_sources": stats.get("truncated", 0),
       "signature": metrics.get("bleu_signature"),
+      "perplexity": loss["perplexity"], "nll": loss["nll"],
       **{k: metrics.pop(k) for k in ("compile_seconds", "decode_seconds", "wall_seconds",
                                      "sentences_per_second", "batches")},
       "metrics": metrics, "hypotheses_file": stem + ".txt",

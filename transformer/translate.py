@@ -145,7 +145,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     weights = plots.cross_attention_weights(restored.model, restored.params, src, out, layer)
     plots.plot_attention(weights, token_labels(restored.tokenizer, src),
                          token_labels(restored.tokenizer, out), plot_attention, head=head,
-                         title=f"encoder-decoder attention, decoder layer "
+                         title="decoder attention over the source (rnn)"
+                         if config.model.get("architecture") == "rnn" else
+                         f"encoder-decoder attention, decoder layer "
                          f"{layer % config.model.num_layers}")
   return outputs
 

@@ -1,0 +1,23 @@
+"""The reduced Table 3 run on the 2-core CPU (README, "Table 3 on Multi30k"): one
+or two rows of each of the paper's groups, and the three other attention scores.
+
+  python -m transformer.sweep --sweep configs/sweeps/table3_cpu.py --workdir runs/table3_cpu \
+      --set train.num_steps=200 --set optim.warmup_steps=100 \
+      --set optim.learning_rate_scale=0.32
+  python -m transformer.sweep --sweep configs/sweeps/table3_cpu.py --workdir runs/table3_cpu \
+      --collect
+
+The budget is the same for every row: 200 steps of 4,096 target tokens (~1 epoch
+of Multi30k), warmup 100 with the peak learning rate of configs/multi30k.py
+(0.32 * 256^-0.5 * 100^-0.5 = 2.0e-3).
+"""
+
+from configs.sweeps import table3
+
+BASE = table3.BASE
+ROWS = ("A-h1", "A-h16", "B-dk16", "C-N2", "C-dff2048", "D-drop0", "D-ls0", "E-learned",
+        "score-dot", "score-additive", "score-general")
+
+
+def get_sweep(base):
+  return [(name, overrides) for name, overrides in table3.get_sweep(base) if name in ROWS]

@@ -1,0 +1,357 @@
+"""Tests for transformer/sweep.py and transformer/results.py: resolving variants
+(products, lists, invalid ones named), emitted commands that parse back into the
+same configs, the run/skip/resume/failure rules, and the collected table."""
+
+import json
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from transformer import results, sweep as sweep_lib, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+MULTI30K = os.path.join(ROOT, "configs", "multi30k.py")
+
+SWEEP_FILE = '''
+from transformer.sweep import each, product
+
+BASE = {base!r}
+
+
+def get_sweep(base):
+  return [
+      *each("h{{}}", "model.num_heads", [1, 3, base.model.num_heads * 2]),
+      *product("drop{{}}-ls{{}}", {{"model.dropout": [0.0, 0.3],
+                                  "train.label_smoothing": [0.0, 0.2]}}),
+      ("pre", {{"model.norm_position": "pre", "model.attention_bias": True}}),
+      ("typo", {{"model.dropuot": 0.1}}),
+      ("bad-type", {{"model.num_layers": 2.5}}),
+      ("bad-value", {{"model.activation": "tanh"}}),
+  ]
+'''
+
+
+def write_sweep(tmp_path, text=SWEEP_FILE, base=DEFAULT, name="demo.py"):
+  path = tmp_path / name
+  path.write_text(text.format(base=base))
+  return str(path)
+
+
+def flat(config):
+  out = {}
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      out.update({f"{key}.{k}": v for k, v in flat(value).items()})
+    else:
+      out[key] = value
+  return out
+
+
+def changed(config, base):
+  a, b = flat(config), flat(base)
+  return {k: a[k] for k in a if a[k] != b[k]}
+
+
+# ----------------------------------------------------------------------------
+# Resolution.
+
+def test_products_lists_and_invalid_variants_named(tmp_path):
+  sweep = sweep_lib.resolve(write_sweep(tmp_path))
+  names = [v.name for v in sweep.variants]
+  assert names == ["base", "h1", "h3", "h8", "drop0.0-ls0.0", "drop0.0-ls0.2",
+                   "drop0.3-ls0.0", "drop0.3-ls0.2", "pre", "typo", "bad-type", "bad-value"]
+  errors = {v.name: v.error for v in sweep.variants if v.error}
+  assert set(errors) == {"h3", "typo", "bad-type", "bad-value"}
+  assert errors["h3"].startswith("config.model.num_heads=3: d_model=128 must be divisible")
+  assert errors["typo"] == "config.model.dropuot: unknown field (not in " + DEFAULT + ")"
+  assert "--config.model.num_layers=2.5" in errors["bad-type"]
+  assert errors["bad-value"].startswith("config.model.activation='tanh': must be one of")
+  # The valid ones resolve to the base with exactly their fields changed, typed
+  # as the base's fields (0 -> 0.0 for a float, "True" -> True for a bool).
+  base = sweep.variants[0].config
+  resolved = {v.name: changed(v.config, base) for v in sweep.valid}
+  assert resolved == {
+      "base": {}, "h1": {"model.num_heads": 1}, "h8": {"model.num_heads": 8},
+      "drop0.0-ls0.0": {"model.dropout": 0.0, "train.label_smoothing": 0.0},
+      "drop0.0-ls0.2": {"model.dropout": 0.0, "train.label_smoothing": 0.2},
+      "drop0.3-ls0.0": {"model.dropout": 0.3, "train.label_smoothing": 0.0},
+      "drop0.3-ls0.2": {"model.dropout": 0.3, "train.label_smoothing": 0.2},
+      "pre": {"model.norm_position": "pre", "model.attention_bias": True}}
+  assert type(sweep.valid[1].config.model.num_heads) is int
+  assert sweep.variants[8].overrides == ["model.norm_position=pre", "model.attention_bias=True"]
+
+
+def test_set_changes_the_base_and_a_variants_own_value_wins(tmp_path):
+  sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=7",
+                                                         "train.label_smoothing=0.05",
+                                                         "model.num_heads=2"])
+  assert {v.config.train.num_steps for v in sweep.valid} == {7}
+  configs = {v.name: v.config for v in sweep.valid}
+  assert configs["base"].train.label_smoothing == configs["h1"].train.label_smoothing == 0.05
+  assert configs["drop0.3-ls0.2"].train.label_smoothing == 0.2
+  # get_sweep sees the base with --set applied: "h{2h}" is h4 now.
+  assert [v.name for v in sweep.valid][1:4] == ["h1", "h4", "drop0.0-ls0.0"]
+  assert sweep.overrides(sweep.variants[1]) == ["train.num_steps=7",
+                                                "train.label_smoothing=0.05",
+                                                "model.num_heads=1"]
+  with pytest.raises(ValueError, match=r"--set config.train.num_stpes: unknown field"):
+    sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_stpes=7"])
+
+
+def test_base_argument_and_bad_names(tmp_path):
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K + ":de-en")
+  assert sweep_lib.resolve(path).variants[0].config.data.source_lang == "de"
+  assert sweep_lib.resolve(path, base=DEFAULT).variants[0].config.data.dataset == "scan/simple"
+  for bad in ("('base', {{}})", "('a/b', {{}})", "('x', {{}}), ('x', {{}})"):
+    path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return [" + bad
+                       + "]\n", name="bad.py")
+    with pytest.raises(ValueError, match="variant name"):
+      sweep_lib.resolve(path)
+
+
+def test_table3_scales_with_its_base():
+  path = os.path.join(ROOT, "configs", "sweeps", "table3.py")
+  sweep = sweep_lib.resolve(path)
+  overrides = {v.name: v.overrides for v in sweep.variants}
+  assert overrides == {
+      "base": [], "A-h1": ["model.num_heads=1"], "A-h2": ["model.num_heads=2"],
+      "A-h8": ["model.num_heads=8"], "A-h16": ["model.num_heads=16"],
+      "B-dk16": ["model.d_k=16"], "B-dk32": ["model.d_k=32"],
+      "C-N1": ["model.num_layers=1"], "C-N2": ["model.num_layers=2"],
+      "C-N4": ["model.num_layers=4"], "C-dmodel128": ["model.d_model=128"],
+      "C-dmodel512": ["model.d_model=512"], "C-dff512": ["model.d_ff=512"],
+      "C-dff2048": ["model.d_ff=2048"], "D-drop0": ["model.dropout=0.0"],
+      "D-drop0.4": ["model.dropout=0.4"], "D-ls0": ["train.label_smoothing=0.0"],
+      "D-ls0.2": ["train.label_smoothing=0.2"], "E-learned": ["model.positional=learned"],
+      "score-dot": ["model.attention_score=dot"],
+      "score-additive": ["model.attention_score=additive"],
+      "score-general": ["model.attention_score=general"]}
+  # On the paper's base the rows are the paper's: h = 1, 4, 16, 32, N = 2, 4, 8, ...
+  paper = {v.name for v in sweep_lib.resolve(path, base=os.path.join(ROOT, "configs",
+                                                                        "base.py")).variants}
+  assert {"A-h1", "A-h4", "A-h16", "A-h32", "B-dk16", "B-dk32", "C-N2", "C-N4", "C-N8", "C-dmodel256",
+          "C-dmodel1024", "C-dff1024", "C-dff4096", "D-drop0", "D-drop0.2", "D-ls0",
+          "D-ls0.2", "E-learned"} < paper
+  # An h that does not divide d_model is reported, the others kept.
+  small = sweep_lib.resolve(path, sets=["model.d_model=20"])
+  errors = {v.name: v.error for v in small.variants if v.error}
+  assert errors["A-h8"].startswith("config.model.num_heads=8: d_model=20 must be divisible")
+  assert set(errors) == {"A-h8", "A-h16", "C-dmodel10"}
+
+
+# ----------------------------------------------------------------------------
+# Emitting.
+
+def test_emitted_commands_parse_back_into_the_variants(tmp_path):
+  sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=7",
+                                                         "data.eval_split=test[:20]"])
+  lines = sweep_lib.commands(sweep, "runs/demo sweep")
+  assert len(lines) == len(sweep.valid) == 8
+  for line, variant in zip(lines, sweep.valid):
+    argv = shlex.split(line)
+    assert argv[:4] == ["python", "train.py", "--config", DEFAULT]
+    assert argv[-2:] == ["--workdir", os.path.join("runs/demo sweep", variant.name)]
+    overrides = [a[len("--config."):] for a in argv[4:-2]]
+    assert all(a.startswith("--config.") for a in argv[4:-2])
+    assert sweep_lib.load_config(argv[3], overrides).to_dict() == variant.config.to_dict()
+
+  script = sweep_lib.slurm_script(sweep, "runs/demo sweep", "demo")
+  assert "#SBATCH --array=0-7\n" in script
+  runnable = script.replace('eval "${commands[$SLURM_ARRAY_TASK_ID]}"', "")
+  for i in (0, 7):  # The task's echo line is its command.
+    out = subprocess.run(["bash", "-c", runnable], env={"SLURM_ARRAY_TASK_ID": str(i)},
+                         capture_output=True, text=True, check=True).stdout
+    assert out == lines[i] + "\n"
+
+
+# ----------------------------------------------------------------------------
+# Running: skip finished, rerun interrupted or failed, go on after a failure.
+
+class FakeTrainer:
+  """Records calls; fails the variants named in `fail`; leaves a checkpoint at
+  train.num_steps as training would."""
+
+  def __init__(self, fail=()):
+    self.calls, self.fail = [], set(fail)
+
+  def __call__(self, argv, variant_dir):
+    name = os.path.basename(variant_dir)
+    self.calls.append(name)
+    if name in self.fail:
+      raise RuntimeError(f"train.py exited with status 1: ValueError: {name} broke")
+    steps = [a.partition("=")[2] for a in argv if a.startswith("--config.train.num_steps=")]
+    os.makedirs(os.path.join(variant_dir, "checkpoints", steps[-1] if steps else "3000"),
+                exist_ok=True)
+
+
+def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
+  sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=5"])
+  workdir = str(tmp_path / "runs")
+  trainer = FakeTrainer(fail={"h1"})
+  done = sweep_lib.run_local(sweep, workdir, trainer)
+  names = [v.name for v in sweep.valid]
+  assert trainer.calls == names  # The failure of h1 does not stop the others.
+  assert done == {n: "failed" if n == "h1" else "finished" for n in names}
+  failed = results.read_status(os.path.join(workdir, "h1"))
+  assert failed["status"] == "failed"
+  assert failed["error"] == "train.py exited with status 1: ValueError: h1 broke"
+  ok = results.read_status(os.path.join(workdir, "h8"))
+  assert (ok["status"], ok["steps"], ok["error"], ok["attempts"]) == ("finished", 5, None, 1)
+  assert ok["overrides"] == ["train.num_steps=5", "model.num_heads=8"]
+  assert ok["command"] == sweep_lib.commands(sweep, workdir)[2]
+  assert ok["wall_seconds"] >= 0
+
+  # An interrupted variant (killed while running) is left 'running'.
+  status = results.read_status(os.path.join(workdir, "pre"))
+  results.write_status(os.path.join(workdir, "pre"), {**status, "status": "running"})
+  trainer = FakeTrainer()
+  done = sweep_lib.run_local(sweep, workdir, trainer)
+  assert trainer.calls == ["h1", "pre"]  # Finished ones are skipped.
+  assert done["base"] == "skipped" and done["h1"] == done["pre"] == "finished"
+  assert results.read_status(os.path.join(workdir, "h1"))["attempts"] == 2
+
+  # A longer budget reruns every variant (train.py resumes from its checkpoint).
+  longer = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=9"])
+  trainer = FakeTrainer()
+  sweep_lib.run_local(longer, workdir, trainer)
+  assert trainer.calls == names
+  assert results.read_status(os.path.join(workdir, "base"))["steps"] == 9
+
+
+TINY = ["model.num_layers=1", "model.d_model=32", "model.d_ff=64", "model.num_heads=2",
+        "data.eval_split=test[:50]", "data.tokens_per_batch=512", "optim.warmup_steps=20",
+        "train.num_steps=2", "train.log_every=1", "train.eval_every=2",
+        "train.checkpoint_every=2", "train.decode_every=0"]
+
+
+def test_real_sweep_of_two_tiny_variants(tmp_path, monkeypatch):
+  """train.py in a subprocess, twice (the variants differ in their seed only, so
+  the second reuses the compiled programs), after a variant that fails at once;
+  a rerun trains nothing but the failed one."""
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("TRANSFORMER_COMPILATION_CACHE", jax.config.jax_compilation_cache_dir)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('bogus', {{'data.dataset': 'scan/bogus'}}),\n"
+                     "          ('seed1', {{'seed': 1}})]\n")
+  sweep = sweep_lib.resolve(path, sets=TINY + [f"data.tfds_data_dir={tmp_path / 'tfds'}"])
+  workdir = str(tmp_path / "runs")
+  assert sweep_lib.run_local(sweep, workdir) == {
+      "base": "finished", "bogus": "failed", "seed1": "finished"}
+  assert results.read_status(os.path.join(workdir, "bogus"))["error"] == (
+      "train.py exited with status 1: ValueError: unknown SCAN split 'scan/bogus'; "
+      "use scan/simple or scan/length")
+  assert sweep_lib.run_local(sweep, workdir) == {
+      "base": "skipped", "bogus": "failed", "seed1": "skipped"}
+  del sweep.variants[1]
+  rows = [results.variant_row(v, os.path.join(workdir, v.name)) for v in sweep.variants]
+  for row in rows:
+    assert (row["status"], row["steps"]) == ("finished", 2)
+    assert 1.0 < row["dev_perplexity"] < 40.0  # Near the untrained ~23 (the vocabulary).
+  assert rows[0]["dev_perplexity"] != rows[1]["dev_perplexity"]  # Other seeds.
+  assert rows[0]["parameters"] == results.count_parameters(
+      sweep.variants[0].config, vocab_size=23)
+  with open(os.path.join(workdir, "base", "train.log")) as f:
+    assert "(2/2)" in f.read()  # clu's progress note at the last step.
+
+
+# ----------------------------------------------------------------------------
+# Collecting.
+
+def fake_workdir(variant_dir, config, status=None, scalars=(), evaluations=(),
+                 checkpoints=()):
+  os.makedirs(variant_dir)
+  training.save_config(config, variant_dir)
+  if status:
+    results.write_status(variant_dir, status)
+  for step in checkpoints:
+    os.makedirs(os.path.join(variant_dir, "checkpoints", str(step)))
+  if scalars:
+    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top
+    writer = tensorboard.SummaryWriter(variant_dir)
+    for tag, step, value in scalars:
+      writer.scalar(tag, value, step)
+    writer.close()
+  for i, result in enumerate(evaluations):
+    with open(os.path.join(variant_dir, f"eval_{i}.json"), "w") as f:
+      json.dump({"checkpoint": "latest", "limit": None, "beam_size": None, "alpha": None,
+                 **result}, f)
+
+
+def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path):
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return [\n"
+                     "    ('A-h1', {{'model.num_heads': 1}}),\n"
+                     "    ('A-h2', {{'model.num_heads': 2}}),\n"
+                     "    ('D-ls0', {{'train.label_smoothing': 0.0}}),\n"
+                     "    ('score-bogus', {{'model.attention_scoring': 'dot'}})]\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
+  base, h1, h2, ls0, _ = sweep.variants
+  workdir = str(tmp_path / "runs")
+  finished = {"status": "finished", "steps": 300, "wall_seconds": 3725.5, "error": None}
+  fake_workdir(
+      os.path.join(workdir, "base"), base.config, finished,
+      scalars=[("eval/perplexity", 100, 9.5), ("eval/perplexity", 300, 4.75),
+               ("decode/bleu", 300, 20.5), ("train/loss", 300, 2.0)],
+      evaluations=[
+          {"split": "val", "mode": "greedy", "step": 300, "perplexity": 4.5,
+           "metrics": {"bleu": 21.25}},
+          {"split": "val", "mode": "beam", "beam_size": 4, "alpha": 0.6, "step": 300,
+           "perplexity": 4.5, "metrics": {"bleu": 22.0}},
+          {"split": "test_2016_flickr", "mode": "beam", "beam_size": 4, "alpha": 0.6,
+           "step": 300, "metrics": {"bleu": 23.5}},
+          # Not the table's: beam 8, a partial split, a stale 'latest', another checkpoint.
+          {"split": "val", "mode": "beam", "beam_size": 8, "alpha": 0.6, "step": 300,
+           "metrics": {"bleu": 99.0}},
+          {"split": "test_2016_flickr", "mode": "greedy", "limit": 50, "step": 300,
+           "metrics": {"bleu": 99.0}},
+          {"split": "test_2016_flickr", "mode": "greedy", "step": 200,
+           "metrics": {"bleu": 99.0}},
+          {"split": "val", "mode": "greedy", "checkpoint": "averaged", "step": 300,
+           "metrics": {"bleu": 99.0}}])
+  fake_workdir(os.path.join(workdir, "A-h1"), h1.config,
+               {"status": "failed", "steps": 100, "wall_seconds": 59.0,
+                "error": "train.py exited with status 1: FloatingPointError: nan | stop"})
+  # Trained elsewhere (an emitted command): no status, checkpoints and events only.
+  fake_workdir(os.path.join(workdir, "D-ls0"), ls0.config, checkpoints=[100, 200],
+               scalars=[("eval/perplexity", 200, 6.0)])
+  del h2  # Never run: no workdir.
+
+  markdown = results.collect(sweep, workdir)
+  base_params = "7,568,384"  # As `--list` prints for configs/multi30k.py.
+  h1_params = f"{results.count_parameters(h1.config):,}"
+  table = [line for line in markdown.splitlines() if line.startswith("|")]
+  assert table == [
+      "| variant | changes | params | steps | train time | dev PPL | dev BLEU (training) "
+      "| dev BLEU greedy | dev BLEU beam | test BLEU greedy | test BLEU beam | status |",
+      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+      f"| base |  | {base_params} | 300 | 1:02:05 | 4.50 | 20.50 | 21.25 | 22.00 |  | 23.50 "
+      "| finished |",
+      f"| A-h1 | model.num_heads=1 | {h1_params} | 100 | 0:00:59 |  |  |  |  |  |  | failed |",
+      "| A-h2 | model.num_heads=2 |  |  |  |  |  |  |  |  |  | not run |",
+      f"| D-ls0 | train.label_smoothing=0.0 | {base_params} | 200 |  | 6.00 |  |  |  |  |  |  |",
+      "| score-bogus | model.attention_scoring=dot |  |  |  |  |  |  |  |  |  | invalid |"]
+  assert markdown.startswith(f"# {path} on {MULTI30K}\n\nOn every variant (--set): `train.num_steps=300`.")
+  assert markdown.endswith(
+      "- A-h1 (failed): train.py exited with status 1: FloatingPointError: nan | stop\n"
+      f"- score-bogus (invalid): config.model.attention_scoring: unknown field (not in "
+      f"{MULTI30K})\n")
+  with open(os.path.join(workdir, "results.md")) as f:
+    assert f.read() == markdown
+  with open(os.path.join(workdir, "results.csv")) as f:
+    csv_lines = f.read().splitlines()
+  assert csv_lines[0] == ("variant,changes,parameters,steps,wall_seconds,dev_perplexity,"
+                          "dev_bleu_training,dev_bleu_greedy,dev_bleu_beam,test_bleu_greedy,"
+                          "test_bleu_beam,status,error")
+  assert csv_lines[1:] == [
+      f"base,,{base_params.replace(',', '')},300,3725.5,4.5,20.5,21.25,22.0,,23.5,finished,",
+      f"A-h1,model.num_heads=1,{h1_params.replace(',', '')},100,59.0,,,,,,,failed,"
+      "train.py exited with status 1: FloatingPointError: nan | stop",
+      "A-h2,model.num_heads=2,,,,,,,,,,not run,",
+      f"D-ls0,train.label_smoothing=0.0,{base_params.replace(',', '')},200,,6.0,,,,,,,",
+      "score-bogus,model.attention_scoring=dot,,,,,,,,,,invalid,"
+      f"config.model.attention_scoring: unknown field (not in {MULTI30K})"]

@@ -1,0 +1,204 @@
+"""What a sweep's training workdirs hold, as one table: results.md and results.csv.
+
+For each variant, from <sweep workdir>/<variant>/:
+  config.json, spm.model  the parameter count (shapes only, jax.eval_shape)
+  sweep_status.json       status, wall time and steps (written by the sweep's local mode)
+  checkpoints/            the steps reached, where no status says
+  events.out.tfevents.*   eval/perplexity and decode/<metric> at the last step
+  eval_*.json             transformer.evaluate's scores of the chosen checkpoint:
+                          dev = data.eval_split, test = data.test_split, greedy and
+                          beam (config.decode's beam size and alpha), whole splits only
+A figure that is not there is left blank. Dev perplexity is per target token
+without label smoothing (Table 3's "PPL (dev)"): evaluate's for the checkpoint,
+else training's last evaluation when the checkpoint is 'latest'.
+"""
+
+import csv
+import glob
+import io
+import json
+import os
+from typing import Optional
+
+import jax
+
+from transformer import files, metrics as metrics_lib, summary
+from transformer import workdir as workdir_lib
+from transformer.config import model_config
+
+STATUS_FILE = "sweep_status.json"
+_TEXT_COLUMNS = ("variant", "changes", "status")
+_METRIC_NAMES = {"bleu": ("BLEU", 1.0), "exact_match": ("exact match %", 100.0)}
+
+
+def count_parameters(config, vocab_size: int = 0) -> int:
+  """Parameters of the config's model (at data.vocab_size unless given), from
+  shapes alone: nothing is allocated."""
+  shapes = summary.parameter_shapes(model_config(config, vocab_size))
+  return sum(x.size for x in jax.tree.leaves(shapes))
+
+
+def read_status(variant_dir: str) -> Optional[dict]:
+  path = os.path.join(variant_dir, STATUS_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_status(variant_dir: str, status: dict) -> None:
+  files.write_atomic(os.path.join(variant_dir, STATUS_FILE),
+                     json.dumps(status, indent=2, sort_keys=True) + "\n")
+
+
+def latest_step(variant_dir: str) -> Optional[int]:
+  """The newest checkpoint's step: how far training got."""
+  directory = os.path.join(variant_dir, "checkpoints")
+  if not os.path.isdir(directory):
+    return None
+  return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=None)
+
+
+def last_scalars(variant_dir: str, tags) -> dict:
+  """{tag: value at the tag's last step} from the workdir's TensorBoard events
+  (resumed runs add files; a step written twice keeps its last value)."""
+  if not glob.glob(os.path.join(variant_dir, "events.out.tfevents.*")):
+    return {}
+  # Imported here: the reader loads TensorFlow, seconds that only a workdir with
+  # events needs.
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tb_logging, tensor_util  # pylint: disable=g-import-not-at-top
+  tb_logging.get_logger().setLevel("WARNING")  # Not a line per events file read.
+  accumulator = event_accumulator.EventAccumulator(
+      variant_dir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
+  accumulator.Reload()
+  available = accumulator.Tags()
+  values = {}
+  for tag in tags:
+    if tag in available["tensors"]:
+      events = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item())
+                for e in accumulator.Tensors(tag)]
+    elif tag in available["scalars"]:
+      events = [(e.step, e.value) for e in accumulator.Scalars(tag)]
+    else:
+      continue
+    if events:  # Of a step written twice (a resumed run redoing it), the last.
+      last = max(step for step, _ in events)
+      values[tag] = [v for step, v in events if step == last][-1]
+  return values
+
+
+def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
+               steps: Optional[int]) -> Optional[dict]:
+  """The newest evaluate JSON of the whole `split` with `mode` for `checkpoint`
+  (beam at config.decode's settings); a 'latest' one made before the last step
+  is stale and ignored."""
+  found = []
+  for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
+    with open(path) as f:
+      result = json.load(f)
+    if (result.get("split") != split or result.get("mode") != mode or result.get("limit")
+        or result.get("checkpoint") != checkpoint):
+      continue
+    if mode == "beam" and (result.get("beam_size"), result.get("alpha")) != (
+        config.decode.beam_size, config.decode.alpha):
+      continue
+    if checkpoint == "latest" and steps is not None and result.get("step") != steps:
+      continue
+    found.append((os.path.getmtime(path), path, result))
+  return max(found)[2] if found else None
+
+
+def variant_row(variant, variant_dir: str, checkpoint: str = "latest") -> dict:
+  """One table row: figures of a variant (a sweep.Variant) that its workdir holds."""
+  row = {"variant": variant.name, "changes": " ".join(variant.overrides)}
+  if variant.error:
+    return {**row, "status": "invalid", "error": variant.error}
+  if not os.path.isdir(variant_dir):
+    return {**row, "status": "not run"}
+  status = read_status(variant_dir) or {}
+  steps = status.get("steps") or latest_step(variant_dir)
+  row.update(status=status.get("status"), error=status.get("error"), steps=steps,
+             wall_seconds=status.get("wall_seconds"))
+  if not os.path.exists(os.path.join(variant_dir, "config.json")):
+    return row
+  config = workdir_lib.load_config(variant_dir)
+  metric = metrics_lib.main_metric(config.data.dataset)
+  spm = os.path.join(variant_dir, "spm.model")
+  vocab_size = workdir_lib.load_tokenizer(variant_dir, config).vocab_size if (
+      os.path.exists(spm)) else 0
+  row["parameters"] = count_parameters(config, vocab_size)
+  scalars = last_scalars(variant_dir, ["eval/perplexity", f"decode/{metric}"])
+  row[f"dev_{metric}_training"] = scalars.get(f"decode/{metric}")
+  for name, split in (("dev", config.data.eval_split), ("test", config.data.test_split)):
+    for mode in ("greedy", "beam"):
+      result = evaluation(variant_dir, config, split, mode, checkpoint, steps)
+      if result:
+        row[f"{name}_{metric}_{mode}"] = result["metrics"].get(metric)
+        if name == "dev" and result.get("perplexity") is not None:
+          row["dev_perplexity"] = result["perplexity"]
+  if row.get("dev_perplexity") is None and checkpoint == "latest":
+    row["dev_perplexity"] = scalars.get("eval/perplexity")
+  return row
+
+
+def columns(metric: str) -> list:
+  """(csv name, markdown header, markdown format) of each column."""
+  label, scale = _METRIC_NAMES.get(metric, (metric, 1.0))
+  score = lambda v: f"{v * scale:.2f}"
+  return [
+      ("variant", "variant", str), ("changes", "changes", str),
+      ("parameters", "params", "{:,}".format), ("steps", "steps", str),
+      ("wall_seconds", "train time", lambda s: f"{int(s) // 3600}:{int(s) // 60 % 60:02d}:"
+                                               f"{int(s) % 60:02d}"),
+      ("dev_perplexity", "dev PPL", "{:.2f}".format),
+      (f"dev_{metric}_training", f"dev {label} (training)", score),
+      (f"dev_{metric}_greedy", f"dev {label} greedy", score),
+      (f"dev_{metric}_beam", f"dev {label} beam", score),
+      (f"test_{metric}_greedy", f"test {label} greedy", score),
+      (f"test_{metric}_beam", f"test {label} beam", score),
+      ("status", "status", str)]
+
+
+def to_csv(rows, metric: str) -> str:
+  out = io.StringIO()
+  writer = csv.writer(out, lineterminator="\n")
+  names = [c[0] for c in columns(metric)] + ["error"]
+  writer.writerow(names)
+  for row in rows:
+    writer.writerow(["" if row.get(n) is None else row[n] for n in names])
+  return out.getvalue()
+
+
+def to_markdown(rows, metric: str, title: str, notes=()) -> str:
+  cols = columns(metric)
+  lines = [f"# {title}", ""] + [line for note in notes for line in (note, "")] + [
+      "| " + " | ".join(c[1] for c in cols) + " |",
+      "|" + "|".join("---" if c[0] in _TEXT_COLUMNS else "---:" for c in cols) + "|"]
+  for row in rows:
+    cells = ["" if row.get(n) is None else fmt(row[n]) for n, _, fmt in cols]
+    lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+  errors = [f"- {row['variant']} ({row['status']}): {row['error']}" for row in rows
+            if row.get("error")]
+  lines += ["", *errors] if errors else []
+  return "\n".join(lines) + "\n"
+
+
+def collect(sweep, workdir: str, checkpoint: str = "latest"):
+  """Writes results.md and results.csv into `workdir`; returns the markdown."""
+  rows = [variant_row(v, os.path.join(workdir, v.name), checkpoint) for v in sweep.variants]
+  base = sweep.variants[0].config
+  metric = metrics_lib.main_metric(base.data.dataset)
+  notes = [f"On every variant (--set): `{' '.join(sweep.sets)}`." if sweep.sets else None,
+           f"dev = {base.data.eval_split}, test = {base.data.test_split}; checkpoint "
+           f"{checkpoint}; beam {base.decode.beam_size}, alpha {base.decode.alpha}. "
+           "dev PPL: per target token, without label smoothing." + (
+               " (training): the decode during training at its last step "
+               f"({base.train.decode_mode}, {base.train.decode_examples or 'all'} sentences)."
+               if base.train.decode_every else ""),
+           "A blank is a figure the workdir does not hold."]
+  markdown = to_markdown(rows, metric, f"{sweep.path} on {sweep.base}",
+                         [n for n in notes if n])
+  files.write_atomic(os.path.join(workdir, "results.md"), markdown)
+  files.write_atomic(os.path.join(workdir, "results.csv"), to_csv(rows, metric))
+  return markdown

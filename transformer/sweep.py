@@ -1,0 +1,326 @@
+"""Sweeps: one base config and named variants of it, listed, run, emitted or collected.
+
+  python -m transformer.sweep --sweep configs/sweeps/table3.py --list
+  python -m transformer.sweep --sweep configs/sweeps/table3.py --workdir runs/table3 \
+      --set train.num_steps=300          # trains every variant, one after another
+  python -m transformer.sweep --sweep configs/sweeps/table3.py --emit slurm > table3.sbatch
+  python -m transformer.sweep --sweep configs/sweeps/table3.py --workdir runs/table3 --collect
+
+A sweep file (configs/sweeps/*.py) names its base config and returns its variants,
+each a name and a dict of overrides spelt like `--config.field=value`:
+
+  from transformer.sweep import each, product
+
+  BASE = "configs/default.py"  # Any config file, with its argument (`x.py:arg`).
+
+  def get_sweep(base):  # `base`: the base ConfigDict, so variants can scale with it.
+    return [("pre-ln", {"model.norm_position": "pre"}),
+            *each("h{}", "model.num_heads", [1, base.model.num_heads * 2]),
+            *product("drop{}-ls{}", {"model.dropout": [0.0, 0.3],
+                                     "train.label_smoothing": [0.0, 0.2]})]
+
+The base itself is always the first variant, 'base': the row the others are
+read against. `--base FILE` replaces BASE. `--set field=value` (repeatable)
+changes the base, e.g. a smaller budget, before get_sweep sees it (so scaled
+variants follow it) and so every variant; a variant's own value of that field
+wins. Overrides are parsed by ml_collections' config flags exactly as train.py
+parses `--config.field=value` (types from the base's fields), and each variant
+is checked with check_config: one that is invalid for its base is reported, with
+the field and the reason, before anything runs, and the valid ones still run.
+
+Each variant trains in <workdir>/<variant>/, an ordinary training workdir, in a
+subprocess of train.py: a crash or a leak in one variant cannot take the sweep
+down, and what runs is exactly the command `--emit commands` prints. A variant
+is finished when its sweep_status.json says so for the same base and overrides;
+a rerun skips it, and restarts any other (train.py resumes from its latest
+checkpoint). A variant that fails is recorded as failed, with its error, and the
+sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
+"""
+
+import contextlib
+import copy
+import dataclasses
+import itertools
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import warnings
+from typing import Callable, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from transformer import results
+from transformer import workdir as workdir_lib
+from transformer.config import check_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def each(name: str, field: str, values) -> list:
+  """One variant per value of one field; `name` is formatted with the value."""
+  return product(name, {field: values})
+
+
+def product(name: str, axes: dict) -> list:
+  """One variant per combination of the fields' values (itertools.product order);
+  `name` is formatted with the values in the order of `axes`."""
+  return [(name.format(*values), dict(zip(axes, values)))
+          for values in itertools.product(*axes.values())]
+
+
+@dataclasses.dataclass
+class Variant:
+  name: str
+  overrides: list  # ["field=value", ...]: the variant's own, as given on a command line.
+  config: object = None  # The resolved ConfigDict; None when invalid.
+  error: Optional[str] = None  # Why it is invalid.
+
+
+@dataclasses.dataclass
+class Sweep:
+  path: str
+  base: str  # The base config file as train.py's --config takes it.
+  sets: list  # ["field=value", ...] applied to the base, so to every variant.
+  variants: list  # [Variant], 'base' first.
+
+  @property
+  def valid(self):
+    return [v for v in self.variants if v.error is None]
+
+  def overrides(self, variant) -> list:
+    """All of a variant's overrides: the --set ones it does not set itself, then its own."""
+    own = {o.partition("=")[0] for o in variant.overrides}
+    return [s for s in self.sets if s.partition("=")[0] not in own] + variant.overrides
+
+
+@contextlib.contextmanager
+def _loading():
+  """ml_collections loads config files with importlib's deprecated load_module: one
+  warning per file loaded, hundreds in a sweep, none of them ours to fix."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+    yield
+
+
+def load_config(base: str, overrides=()):
+  """The ConfigDict of `train.py --config base --config.<override> ...`, parsed by
+  the same ml_collections flag (a private FlagValues, so nothing global changes)."""
+  argv = ["sweep", f"--config={base}"] + [f"--config.{o}" for o in overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "Base config.", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  with _loading():
+    flag_values(argv)
+    config = flag_values.config
+  config.to_dict()  # A file that failed to load raises only when the config is used.
+  return config
+
+
+def _unknown_field(config, field: str) -> bool:
+  node = config
+  for part in field.split("."):
+    if not hasattr(node, "keys") or part not in node.keys():
+      return True
+    node = node[part]
+  return False
+
+
+def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
+  """Loads a sweep file and resolves its variants against the base config."""
+  with _loading():
+    module = config_flags.config_flags._LoadConfigModule("sweep", path)  # pylint: disable=protected-access
+  base, sets = base or module.BASE, list(sets)
+  plain = load_config(base)
+  for field in [s.partition("=")[0] for s in sets]:  # A bad --set stops the sweep here.
+    if _unknown_field(plain, field):
+      raise ValueError(f"--set config.{field}: unknown field (not in {base})")
+  base_config = load_config(base, sets)
+  check_config(base_config)
+  entries = [("base", {})] + list(module.get_sweep(copy.deepcopy(base_config)))
+  sweep = Sweep(path, base, sets, [])
+  names = set()
+  for name, overrides in entries:
+    if not _NAME.fullmatch(name) or name in names:
+      raise ValueError(f"{path}: variant name {name!r} is "
+                       f"{'taken' if name in names else 'not a plain directory name'}")
+    names.add(name)
+    variant = Variant(name, [f"{k}={v}" for k, v in overrides.items()])  # True -> "True".
+    try:
+      for field in overrides:
+        if _unknown_field(base_config, field):
+          raise ValueError(f"config.{field}: unknown field (not in {base})")
+      variant.config = load_config(base, sweep.overrides(variant))
+      check_config(variant.config)
+    except (ValueError, TypeError, flags.Error) as e:
+      variant.config, variant.error = None, str(e)
+    sweep.variants.append(variant)
+  return sweep
+
+
+def train_argv(sweep: Sweep, variant: Variant, workdir: str) -> list:
+  """train.py's arguments for a variant (after `python train.py`)."""
+  return (["--config", sweep.base]
+          + [f"--config.{o}" for o in sweep.overrides(variant)]
+          + ["--workdir", os.path.join(workdir, variant.name)])
+
+
+def commands(sweep: Sweep, workdir: str) -> list:
+  """One shell line per valid variant, to run from the repository root."""
+  return [shlex.join(["python", "train.py"] + train_argv(sweep, v, workdir))
+          for v in sweep.valid]
+
+
+def slurm_script(sweep: Sweep, workdir: str, name: str) -> str:
+  """A SLURM job array with one task per valid variant: task i runs line i of
+  `commands`. Resources (--gres, --time, ...) go on the sbatch command line."""
+  lines = commands(sweep, workdir)
+  return "\n".join([
+      "#!/bin/bash",
+      f"# {len(lines)} variants of {sweep.path} on {sweep.base}; one per array task.",
+      "#   sbatch [--gres=gpu:1 --time=...] THIS_FILE",
+      f"#SBATCH --job-name={name}",
+      f"#SBATCH --array=0-{len(lines) - 1}",
+      f"#SBATCH --chdir={os.getcwd()}",  # Where the commands' relative paths start.
+      f"#SBATCH --output={os.path.join(workdir, 'slurm-%A_%a.out')}",
+      "set -euo pipefail",
+      "commands=(",
+      *[f"  {shlex.quote(line)}" for line in lines],
+      ")",
+      'echo "${commands[$SLURM_ARRAY_TASK_ID]}"',
+      'eval "${commands[$SLURM_ARRAY_TASK_ID]}"',
+      ""])
+
+
+def train_subprocess(argv: list, variant_dir: str) -> None:
+  """Runs `python train.py argv`, its output shown and appended to train.log;
+  raises RuntimeError with the output's last line if it fails."""
+  last = ""
+  with open(os.path.join(variant_dir, "train.log"), "a") as log, subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "train.py")] + argv, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+    for line in process.stdout:
+      sys.stderr.write(line)
+      log.write(line)
+      last = line.strip() or last
+  if process.returncode:
+    raise RuntimeError(f"train.py exited with status {process.returncode}: {last}")
+
+
+def run_local(sweep: Sweep, workdir: str,
+              train: Callable[[list, str], None] = train_subprocess) -> dict:
+  """Trains the valid variants one after another; returns {name: status}."""
+  done = {}
+  for variant in sweep.valid:
+    variant_dir = os.path.join(workdir, variant.name)
+    os.makedirs(variant_dir, exist_ok=True)
+    recipe = {"base": sweep.base, "overrides": sweep.overrides(variant)}
+    previous = results.read_status(variant_dir) or {}
+    if previous.get("status") == "finished" and all(previous.get(k) == v
+                                                    for k, v in recipe.items()):
+      logging.info("%s: finished before, skipped.", variant.name)
+      done[variant.name] = "skipped"
+      continue
+    argv = train_argv(sweep, variant, workdir)
+    status = {**recipe, "status": "running", "attempts": previous.get("attempts", 0) + 1,
+              "command": shlex.join(["python", "train.py"] + argv), "started": time.time()}
+    results.write_status(variant_dir, status)
+    logging.info("%s: training (%s).", variant.name, " ".join(variant.overrides) or "the base")
+    start = time.time()
+    try:
+      train(argv, variant_dir)
+      status.update(status="finished", error=None)
+    except Exception as e:  # pylint: disable=broad-except
+      status.update(status="failed", error=str(e))
+      logging.error("%s failed: %s", variant.name, e)
+    # This attempt's time plus the earlier attempts' that ended (a killed one has none).
+    status.update(wall_seconds=previous.get("wall_seconds", 0.0) + time.time() - start,
+                  steps=results.latest_step(variant_dir))
+    results.write_status(variant_dir, status)
+    done[variant.name] = status["status"]
+  return done
+
+
+def describe(sweep: Sweep) -> str:
+  """The --list table: variants, parameters (at data.vocab_size) and overrides;
+  invalid variants with their reason."""
+  lines = [f"{sweep.path} on {sweep.base}: {len(sweep.valid)} valid variants of "
+           f"{len(sweep.variants)}" + (f"; every variant: {' '.join(sweep.sets)}"
+                                        if sweep.sets else "")]
+  width = max(len(v.name) for v in sweep.variants)
+  lines.append(f"{'variant':<{width}}  {'parameters':>12}  overrides")
+  for v in sweep.valid:
+    lines.append(f"{v.name:<{width}}  {results.count_parameters(v.config):>12,}  "
+                 f"{' '.join(v.overrides)}")
+  invalid = [v for v in sweep.variants if v.error]
+  if invalid:
+    lines.append("invalid (not run):")
+    lines += [f"{v.name:<{width}}  {v.error}" for v in invalid]
+  return "\n".join(lines)
+
+
+def default_workdir(sweep_path: str, base: Optional[str]) -> str:
+  """runs/<sweep file stem>, plus _<base stem> for a --base, so that the same
+  sweep on two bases never resumes the other's runs."""
+  stem = os.path.splitext(os.path.basename(sweep_path))[0]
+  if base:
+    stem += "_" + os.path.basename(workdir_lib.default_workdir(base))
+  return os.path.join("runs", stem)
+
+
+def define_flags():
+  """Defined on demand (as evaluate's) so that importing this module defines nothing."""
+  flags.DEFINE_string("sweep", None, "Sweep file (configs/sweeps/*.py).", required=True)
+  flags.DEFINE_string("base", None, "Base config file[:argument]; default the sweep's BASE.")
+  flags.DEFINE_string("workdir", None, "Sweep workdir; variant v trains in <workdir>/v. "
+                      "Default runs/<sweep stem> (+ _<base stem> with --base).")
+  flags.DEFINE_multi_string("set", [], "field=value applied to every variant, as "
+                            "--config.field=value would be; repeatable.")
+  flags.DEFINE_bool("list", False, "Print the variants, their parameters and overrides; "
+                    "train nothing.")
+  flags.DEFINE_enum("emit", None, ["commands", "slurm"], "Print one train.py command per "
+                    "variant, or a SLURM job-array script running them; train nothing.")
+  flags.DEFINE_bool("collect", False, "Write <workdir>/results.md and results.csv from the "
+                    "variants' workdirs; train nothing.")
+  flags.DEFINE_string("checkpoint", "latest", "--collect: whose evaluate results to read "
+                      "(latest, best, averaged or a step).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  f = flags.FLAGS
+  try:
+    sweep = resolve(f.sweep, f.base, f.set)
+  except (OSError, ValueError, TypeError, flags.Error) as e:  # The message, not a traceback.
+    sys.exit(f"sweep: error: {e}")
+  workdir = f.workdir or default_workdir(f.sweep, f.base)
+  for v in sweep.variants:
+    if v.error and not f.list:
+      print(f"sweep: {v.name} is invalid, not run: {v.error}", file=sys.stderr)
+  if f.list:
+    print(describe(sweep))
+  elif f.emit == "commands":
+    print("\n".join(commands(sweep, workdir)))
+  elif f.emit == "slurm":
+    os.makedirs(workdir, exist_ok=True)  # SLURM writes the tasks' output there.
+    print(slurm_script(sweep, workdir, os.path.basename(workdir)), end="")
+  elif f.collect:
+    print(results.collect(sweep, workdir, f.checkpoint), end="")
+    print(f"wrote {os.path.join(workdir, 'results.md')} and results.csv", file=sys.stderr)
+  else:
+    done = run_local(sweep, workdir)
+    print("\n".join(f"{name}: {status}" for name, status in done.items()))
+    if "failed" in done.values():
+      sys.exit(1)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
