@@ -120,6 +120,14 @@ def maybe_initialize(settings=None) -> Optional[Job]:
   if jax.config.jax_cpu_collectives_implementation is None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   detection = job.described_by if job.described_by in ("slurm", "ompi") else None
+  where = (f"{job.described_by}: coordinator {job.coordinator_address or 'detected'}, "
+           f"process {'detected' if job.process_id is None else job.process_id} of "
+           f"{job.num_processes or 'detected'}")
+  # Said first: when the others never come, JAX aborts the process (DEADLINE_EXCEEDED
+  # in RegisterTask) after initialization_timeout_s, raising nothing to add this to.
+  logging.info("Joining a multi-process job (%s); waiting up to "
+               "config.distributed.initialization_timeout_s=%d s for all.",
+               where, wait["initialization_timeout_s"])
   try:
     jax.distributed.initialize(
         job.coordinator_address, job.num_processes, job.process_id,
@@ -128,14 +136,8 @@ def maybe_initialize(settings=None) -> Optional[Job]:
         heartbeat_timeout_seconds=wait["heartbeat_timeout_s"],
         shutdown_timeout_seconds=wait["shutdown_timeout_s"])
   except Exception as e:  # pylint: disable=broad-except
-    raise RuntimeError(
-        f"could not join the job ({job.described_by}: coordinator "
-        f"{job.coordinator_address or 'detected'}, process {job.process_id} of "
-        f"{job.num_processes}) within config.distributed.initialization_timeout_s="
-        f"{wait['initialization_timeout_s']}: {e}") from e
-  logging.info("Process %d of %d (%s; coordinator %s).", jax.process_index(),
-               jax.process_count(), job.described_by,
-               job.coordinator_address or "detected")
+    raise RuntimeError(f"could not join the multi-process job ({where}): {e}") from e
+  logging.info("Process %d of %d joined.", jax.process_index(), jax.process_count())
   return job
 
 
