@@ -24,7 +24,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import preemption, training
+from transformer import distributed, preemption, training
 from transformer import workdir as workdir_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
@@ -44,7 +44,10 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
   try:
-    with runtime.one_line_errors("train", extra=(FloatingPointError,)):
+    # In a multi-process job a failing process exits at once (distributed.py);
+    # alone, a bad value stops it in one line.
+    with runtime.one_line_errors("train", extra=(FloatingPointError,)), \
+        distributed.exit_at_once_on_error():
       runtime.use_compilation_cache()
       training.train_and_evaluate(config, workdir)  # Logs the config once it is usable.
   except preemption.Preempted as e:  # A checkpoint is saved; a rerun resumes from it.

@@ -198,3 +198,38 @@ def train_flops(size: Size, batch_size, src_len, tgt_len):
 def batch_flops(size: Size, batch):
   B, S = batch["inputs"].shape
   return train_flops(size, B, S, batch["targets"].shape[1])
+
+
+# The CPU features that decide matmul speed in float32 and bfloat16.
+MATMUL_FLAGS = ("fma", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_description(path="/proc/cpuinfo"):
+  """{'cpu_model', 'cpu_flags'}: machines differ between runs (AVX-512 with bfloat16
+  instructions, or AVX2 only), and the figures mean little without it."""
+  model, found = "", []
+  try:
+    with open(path) as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+          model = value.strip()
+        elif key.strip() == "flags" and not found:
+          have = set(value.split())
+          found = [flag for flag in MATMUL_FLAGS if flag in have]
+  except OSError:
+    pass
+  return {"cpu_model": model, "cpu_flags": found}
+
+
+def probed_peak(measure, n, dtype, budget_s=30.0):
+  """(measure(n, dtype=dtype) in FLOP/s, None), or (None, why) when a 256^3 probe
+  says one n^3 product would take over budget_s: without bfloat16 instructions a
+  framework may emulate them, and the 2048^3 product then runs for minutes."""
+  probe = measure(256, repeats=1, dtype=dtype)
+  seconds = 2 * n**3 / probe
+  if seconds > budget_s:
+    return None, (f"one {n}^3 {dtype} product would take ~{seconds:.0f} s here "
+                  f"({probe / 1e9:.1f} GFLOP/s at 256^3)")
+  return measure(n, dtype=dtype), None
+

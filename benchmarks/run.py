@@ -53,11 +53,22 @@ TARGETS = (  # (description, figure key, threshold); ratios ours/PyTorch unless 
 
 
 def measure_peak(peaks, use_torch, n, dtype):
-  """Appends a matmul FLOP/s measurement in `dtype` per framework to `peaks`."""
-  peaks["ours"].append(jax_bench.matmul_peak(n, dtype=dtype))
+  """Appends a matmul FLOP/s measurement in `dtype` per framework to `peaks`;
+  returns whether PyTorch stays in the run (it leaves it, with a message, where
+  its product in `dtype` would not finish in reasonable time)."""
+  flops, why = common.probed_peak(jax_bench.matmul_peak, n, dtype)
+  if flops is None:
+    raise SystemExit(f"benchmark: error: ours: {why}; use --dtype float32 on this CPU")
+  peaks["ours"].append(flops)
   if use_torch:
     from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
-    peaks["pytorch"].append(torch_bench.matmul_peak(n, dtype=dtype))
+    flops, why = common.probed_peak(torch_bench.matmul_peak, n, dtype)
+    if flops is None:
+      print(f"PyTorch skipped: {why} (CPU flags: "
+            f"{' '.join(common.cpu_description()['cpu_flags']) or 'unknown'}).", flush=True)
+      return False
+    peaks["pytorch"].append(flops)
+  return use_torch
 
 
 def bench_size(size, examples, *, peaks, use_torch, max_extra_len):
@@ -238,6 +249,9 @@ def print_table(results):
   fmt = lambda v: ("-" if v is None else f"{v:,.3g}" if isinstance(v, float)
                    else f"{v:,}" if isinstance(v, int) else str(v))
   width = max(len(r[0]) for r in rows)
+  meta = results["meta"]
+  print(f"CPU: {meta.get('cpu_model') or 'unknown'} "
+        f"({' '.join(meta.get('cpu_flags') or []) or 'no flags read'}), {meta['cpu_count']} cores")
   print(f"{'figure':<{width}}  {'ours (JAX)':>14}  {'PyTorch':>14}  {'ours/PyTorch':>12}")
   for name, a, b, r in rows:
     print(f"{name:<{width}}  {fmt(a):>14}  {fmt(b):>14}  {fmt(r):>12}")
@@ -325,7 +339,8 @@ def main(argv=None):
 
   results = {"meta": {
       "device": str(jax.devices()[0]), "platform": platform.platform(),
-      "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg(),
+      "cpu_count": os.cpu_count(), **common.cpu_description(),
+      "load_average_start": os.getloadavg(),
       "jax": jax.__version__, "dtype": args.dtype,
       **{k: os.environ.get(k, "") for k in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)},
       "data": args.data_dir or "synthetic", "max_extra_len": args.max_extra_len,
@@ -335,7 +350,8 @@ def main(argv=None):
   # The peak is measured before and after each size's training; the best one counts
   # (on a shared machine a measurement can only come out low, never high).
   peaks = {"ours": [], "pytorch": []}
-  measure_peak(peaks, use_torch, n, args.dtype)
+  use_torch = measure_peak(peaks, use_torch, n, args.dtype)
+  results["meta"]["torch"] = use_torch and results["meta"]["torch"]
   results["sizes"] = {}
   for size in sizes:
     t0 = time.perf_counter()

@@ -31,6 +31,14 @@ def get_config():
   model.attention_score = "scaled_dot"
   model.attention_impl = "fused"  # fused (jax.nn.dot_product_attention) | reference.
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 (params stay float32).
+  # transformer (this paper) | rnn: the recurrent encoder-decoder with attention it is
+  # compared against (transformer/rnn.py; configs/rnn_scan.py, configs/multi30k_rnn.py).
+  model.architecture = "transformer"
+  model.rnn_cell = "gru"  # rnn: gru | lstm.
+  # rnn: bahdanau (additive score of the previous state, Bahdanau et al. 2015) |
+  # luong_general | luong_dot (multiplicative score of the current state, Luong et al. 2015).
+  model.rnn_attention = "bahdanau"
+  model.rnn_input_feeding = True  # rnn, luong_*: feed h~_{t-1} with the next input (Luong 3.3).
   # The special token ids are the vocabulary's, not settings: transformer/config.py.
 
   config.data = data = ml_collections.ConfigDict()
@@ -88,4 +96,12 @@ def get_config():
   # its slowest sentence is done and beams multiply its rows, so on a CPU small
   # batches are faster (Multi30k beam 4: 512 tokens 1.5x faster than 4096).
   decode.tokens_per_batch = 0
+
+  # Multi-process jobs (README, Clusters): which processes make up the job comes from
+  # the environment (transformer/distributed.py); these say how long to wait for them.
+  config.distributed = distributed = ml_collections.ConfigDict()
+  distributed.initialization_timeout_s = 300  # For every process to join at start-up.
+  # Silence after which a process counts as dead and the whole job stops (not hangs).
+  distributed.heartbeat_timeout_s = 100
+  distributed.shutdown_timeout_s = 300  # For every process to reach the end at exit.
   return config

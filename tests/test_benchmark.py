@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from benchmarks import run
+from benchmarks import common, run
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -90,3 +90,30 @@ def test_bfloat16_smoke_runs_both_sides_in_bfloat16(tmp_path):
   _check(res["ours"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
   if HAS_TORCH:
     _check(res["pytorch"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
+
+
+def test_cpu_description_reads_model_and_matmul_flags(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n"
+                     "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 sha_ni\n"
+                     "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n")
+  assert common.cpu_description(str(cpuinfo)) == {
+      "cpu_model": "AMD EPYC 9R14", "cpu_flags": ["fma", "avx2", "avx512f", "avx512_bf16"]}
+  assert common.cpu_description(str(tmp_path / "missing")) == {"cpu_model": "",
+                                                                 "cpu_flags": []}
+
+
+def test_a_product_that_would_not_finish_is_skipped_after_a_small_probe():
+  """A fake framework doing 0.01 GFLOP/s (emulated bfloat16): the 256^3 probe
+  says a 2048^3 product would take ~1700 s, so it is never started."""
+  calls = []
+
+  def measure(n, repeats=5, dtype="float32"):
+    calls.append(n)
+    return 1e7
+
+  flops, why = common.probed_peak(measure, 2048, "bfloat16")
+  assert flops is None and calls == [256]
+  assert "2048^3 bfloat16 product would take ~1718 s" in why
+  flops, why = common.probed_peak(lambda n, repeats=5, dtype=None: 1e11, 2048, "float32")
+  assert flops == 1e11 and why is None

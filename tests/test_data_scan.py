@@ -68,3 +68,24 @@ def test_tfds_builder_via_load_pairs(tmp_path):
   assert (tmp_path / 'scan' / 'length' / scan.Scan.VERSION.__str__()).is_dir()
   with pytest.raises(ValueError, match="'train' and 'test'"):
     sources.load_pairs(config, 'validation')
+
+
+def _lose_the_race(self, *args, **kwargs):
+  del self, args, kwargs  # What TFDS raises when another process renamed its build first:
+  raise FileExistsError('Cannot rename .../incomplete.X_2.0.0. Destination exists.')
+
+
+def test_a_process_that_loses_the_preparation_race_reads_the_winners(tmp_path, monkeypatch):
+  config = ml_collections.ConfigDict({'dataset': 'scan/length', 'tfds_data_dir': str(tmp_path)})
+  monkeypatch.setattr(scan.Scan, 'download_and_prepare', _lose_the_race)
+  with pytest.raises(FileExistsError):  # No dataset from any process: the error stands.
+    sources.load_pairs(config, 'test')
+  monkeypatch.undo()
+  winner = sources.load_pairs(config, 'test')
+  is_prepared = scan.Scan.is_prepared
+  checks = []  # Unprepared when this process looks, prepared once its rename fails.
+  monkeypatch.setattr(scan.Scan, 'is_prepared',
+                      lambda self: bool(checks.append(1) or len(checks) > 1) and is_prepared(self))
+  monkeypatch.setattr(scan.Scan, 'download_and_prepare', _lose_the_race)
+  assert sources.load_pairs(config, 'test') == winner
+  assert len(checks) == 2

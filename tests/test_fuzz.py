@@ -143,7 +143,8 @@ POSITIVE_INTS = ("data.vocab_size", "data.max_length", "data.tokens_per_batch",
                  "train.grad_accum_steps", "train.log_every", "train.eval_every",
                  "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
                  "model.num_layers", "model.d_model", "model.d_ff", "model.num_heads",
-                 "model.max_len")
+                 "model.max_len", "distributed.initialization_timeout_s",
+                 "distributed.heartbeat_timeout_s", "distributed.shutdown_timeout_s")
 NON_NEGATIVE_INTS = ("seed", "data.pack_source_length", "data.prefetch",
                      "decode.tokens_per_batch", "decode.max_extra_len", "train.decode_every",
                      "train.decode_examples", "model.d_k")

@@ -23,7 +23,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, files, lock, runtime
+from transformer import checkpoints, distributed, lock, runtime
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -110,8 +110,13 @@ def _average(workdir, last, mesh):
   averaged = newest["state"].replace(params=params)
 
   final = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"])
-  staging = f"{final}{files.TMP_INFIX}{os.getpid()}"
-  shutil.rmtree(staging, ignore_errors=True)
+  # One name in every process of a multi-process job: they write one checkpoint.
+  # (Not a NAME.tmp<pid>: the lock's clean-up never takes it for a dead writer's;
+  # process 0 removes a killed run's before anyone writes.)
+  staging = f"{final}.tmp"
+  if jax.process_index() == 0:
+    shutil.rmtree(staging, ignore_errors=True)
+  distributed.barrier("average_checkpoints staging")  # Removed before anyone writes.
   writer = checkpoints.Checkpointer(staging, keep=1)
   writer.save(chosen[-1], averaged, newest["data_state"])
   writer.close()
@@ -127,9 +132,11 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   runtime.quiet_library_logs()
   runtime.use_compilation_cache()
-  with runtime.one_line_errors("average_checkpoints"):  # The message, not a traceback.
+  with runtime.one_line_errors("average_checkpoints"), distributed.exit_at_once_on_error():
+    distributed.maybe_initialize(workdir_lib.distributed_settings(flags.FLAGS.workdir))
     step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
-  print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
+  if jax.process_index() == 0:
+    print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ NORM_POSITIONS = ("post", "pre")
 ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "general")
 ATTENTION_IMPLEMENTATIONS = ("fused", "reference")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ARCHITECTURES = ("transformer", "rnn")  # model.architecture; rnn: transformer/rnn.py.
+RNN_CELLS = ("gru", "lstm")
+RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,14 @@ class ModelConfig:
   attention_score: str = "scaled_dot"  # QK^T / sqrt(d_k) (3.2.1) | dot | additive | general.
   attention_impl: str = "fused"  # jax.nn.dot_product_attention, or "reference".
   dtype: str = "float32"  # Compute dtype; parameters always stay float32.
+  # The recurrent encoder-decoders the paper compares against (transformer/rnn.py).
+  # They read d_model (embeddings, decoder state; d_model / 2 per encoder direction),
+  # num_layers, dropout, share_embeddings, tie_output and max_len, and none of the
+  # attention/FFN fields above.
+  architecture: str = "transformer"  # transformer | rnn.
+  rnn_cell: str = "gru"  # gru | lstm.
+  rnn_attention: str = "bahdanau"  # bahdanau (additive) | luong_general | luong_dot.
+  rnn_input_feeding: bool = True  # Luong: feed h~_{t-1} with the next input (3.3).
   pad_id: int = PAD_ID
   bos_id: int = BOS_ID  # Fed to the decoder first.
   eos_id: int = EOS_ID  # Ends a decoded sequence.
@@ -67,8 +78,17 @@ class ModelConfig:
                   "d_ff", "num_heads", "max_len"):
       check(getattr(self, field) > 0, field, "must be a positive integer")
     check(self.d_k >= 0, "d_k", "must be >= 0 (0 = d_model / num_heads)")
-    check(self.d_model % self.num_heads == 0, "num_heads",
-          f"d_model={self.d_model} must be divisible by the number of heads")
+    check(self.architecture in ARCHITECTURES, "architecture",
+          f"must be one of {ARCHITECTURES}")
+    if self.architecture == "rnn":
+      check(self.rnn_cell in RNN_CELLS, "rnn_cell", f"must be one of {RNN_CELLS}")
+      check(self.rnn_attention in RNN_ATTENTIONS, "rnn_attention",
+            f"must be one of {RNN_ATTENTIONS}")
+      check(self.d_model % 2 == 0, "d_model",
+            "must be even for the rnn: each encoder direction has d_model / 2 units")
+    else:  # The RNN has no heads.
+      check(self.d_model % self.num_heads == 0, "num_heads",
+            f"d_model={self.d_model} must be divisible by the number of heads")
     for field in ("dropout", "attention_dropout"):
       check(0.0 <= getattr(self, field) < 1.0, field, "must be in [0, 1)")
     check(self.activation in ACTIVATIONS, "activation", f"must be one of {ACTIVATIONS}")
@@ -153,7 +173,9 @@ def check_config(config) -> None:
   for field in ("data.vocab_size", "data.max_length", "data.tokens_per_batch",
                 "data.pack_length", "optim.warmup_steps", "train.num_steps",
                 "train.grad_accum_steps", "train.log_every", "train.eval_every",
-                "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size"):
+                "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
+                "distributed.initialization_timeout_s", "distributed.heartbeat_timeout_s",
+                "distributed.shutdown_timeout_s"):
     section, name = field.split(".")
     check(config[section][name] > 0, field, "must be a positive integer")
   check(config.data.pack_source_length >= 0, "data.pack_source_length",
@@ -177,6 +199,10 @@ def check_config(config) -> None:
   check(config.optim.adam_eps > 0, "optim.adam_eps", "must be > 0")
   for field in ("optim.weight_decay", "optim.grad_clip_norm"):
     check(value(field) >= 0, field, "must be >= 0 (0 = off)")
+  # Packed rows need segment masks; a recurrence would carry its state across them.
+  check(not (config.data.batching == "pack"
+             and config.model.get("architecture", "transformer") == "rnn"), "data.batching",
+        "config.model.architecture='rnn' does not support packed rows; use 'bucket'")
   model_config(config)  # The model fields check themselves.
 
 

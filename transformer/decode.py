@@ -1,7 +1,7 @@
 """Decoding a model: the contract a model implements to be decoded (DecodingModel)
 and `encode_and_decode`, which runs a search of transformer/search.py over it and
 knows nothing else of the model. transformer.model.TransformerDecoding implements
-the contract for the Transformer.
+the contract for the Transformer, transformer.rnn.RNNDecoding for the RNN.
 """
 import functools
 from typing import Any, Optional, Tuple

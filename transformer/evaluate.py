@@ -32,7 +32,7 @@ from absl import flags
 import jax
 
 from transformer import data as data_lib
-from transformer import files, inference, runtime, training
+from transformer import distributed, files, inference, runtime, training
 from transformer import workdir as workdir_lib
 from transformer.config import SCORED_DECODE_MODES
 
@@ -59,7 +59,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   inference.check_settings(mode, beam_size, alpha, max_extra_len)
   # The data first: a bad split fails before the checkpoint is read.
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
-  examples, pairs, stats = data_lib.get_eval(config.data, tokenizer, split)
+  examples, pairs, stats = distributed.process_0_first(
+      lambda: data_lib.get_eval(config.data, tokenizer, split), "evaluate data")
   examples, pairs = examples[:limit], pairs[:limit]
   if not examples:
     raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
@@ -115,11 +116,13 @@ def main(argv):
   runtime.quiet_library_logs()
   runtime.use_compilation_cache()
   f = flags.FLAGS
-  with runtime.one_line_errors("evaluate"):  # Bad input: the message, not a traceback.
+  with runtime.one_line_errors("evaluate"), distributed.exit_at_once_on_error():
+    distributed.maybe_initialize(workdir_lib.distributed_settings(f.workdir))
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
                        f.max_extra_len, f.limit, f.tokens_per_batch)
-  print(json.dumps(result, indent=2, sort_keys=True))
-  print(f"wrote {path}")
+  if jax.process_index() == 0:
+    print(json.dumps(result, indent=2, sort_keys=True))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

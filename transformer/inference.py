@@ -8,10 +8,9 @@ import jax
 import numpy as np
 
 from transformer import data as data_lib
-from transformer import decode, sharding
+from transformer import decode, sharding, state as state_lib
 from transformer import metrics as metrics_lib
 from transformer.config import DECODE_MODES
-from transformer.model import TransformerDecoding
 
 # Compiled decoders by (settings, batch shape, parameter layout). jax.jit would also
 # cache, but compiling ahead of time lets us report compile and decode time apart,
@@ -47,7 +46,7 @@ def _compiled(model, params, inputs, rng, mesh, settings):
 
     def run(params, inputs_BxS, rng):
       return decode.encode_and_decode(
-          TransformerDecoding(model), params, inputs_BxS, mode=mode, beam_size=beam_size,
+          state_lib.decoding(model), params, inputs_BxS, mode=mode, beam_size=beam_size,
           alpha=alpha, max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
           temperature=temperature, top_k=top_k)
 

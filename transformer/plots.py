@@ -6,6 +6,7 @@ The attention heatmap is drawn by `python -m transformer.translate ... --plot_at
 OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 """
 
+import functools
 import sys
 
 from absl import app
@@ -63,11 +64,15 @@ def attention_weights(q_BxTxHxK, k_BxSxHxK, inputs_BxS, pad_id=0, score="scaled_
 
 def cross_attention_weights(model, params, source_ids, output_ids, layer=-1):
   """[H, T, S] attention of output token t (the step that predicted it) over the
-  source tokens of one sentence; ids as 1-D arrays without padding."""
+  source tokens of one sentence; ids as 1-D arrays without padding. The rnn has
+  one attention (Bahdanau's soft alignment): [1, T, S], whatever `layer`."""
   inputs = np.asarray(source_ids, np.int32)[None]
   targets = np.asarray(output_ids, np.int32)[None]
   if inputs.size == 0 or targets.size == 0:
     raise ValueError("attention needs a non-empty source and output")
+  if model.config.architecture == "rnn":  # One attention, no layers or heads: [1, T, S].
+    return np.asarray(jax.jit(functools.partial(model.apply, method="attention_weights"))(
+        {"params": params}, inputs, targets))
   p = cross_attention_projections(model, params, inputs, targets, layer)
   cfg = model.config
   module_params = params["decoder"][f"layer_{layer % cfg.num_layers}"]["cross_attention"]

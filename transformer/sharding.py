@@ -6,23 +6,12 @@ parameters' shapes, so they land where their parameters are.
 """
 
 import math
-import os
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 DATA_AXIS = "data"
-
-
-def maybe_initialize_distributed() -> None:
-  """Joins a multi-host job when the environment describes one (SLURM, Open MPI,
-  or an explicit JAX_COORDINATOR_ADDRESS); a single machine needs nothing."""
-  cluster = (os.environ.get("JAX_COORDINATOR_ADDRESS")
-             or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-             or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)
-  if cluster and not jax.distributed.is_initialized():
-    jax.distributed.initialize()
 
 
 def make_mesh(devices=None) -> Mesh:

@@ -10,7 +10,8 @@ import optax
 
 from transformer import optim, sharding
 from transformer.config import model_config
-from transformer.model import Transformer
+from transformer.model import Transformer, TransformerDecoding
+from transformer.rnn import RNNDecoding, RNNEncoderDecoder
 
 Array = jax.Array
 
@@ -31,9 +32,24 @@ def create_state(model, tx, rng, batch_shape=(1, 8)) -> TrainState:
                     opt_state=tx.init(params), rng=jax.random.key_data(train_rng))
 
 
+# config.model.architecture -> (the model, its decoding contract).
+ARCHITECTURES = {"transformer": (Transformer, TransformerDecoding),
+                 "rnn": (RNNEncoderDecoder, RNNDecoding)}
+
+
+def make_model(cfg):
+  """The model of a ModelConfig, by its architecture."""
+  return ARCHITECTURES[cfg.architecture][0](cfg)
+
+
+def decoding(model):
+  """The decoding contract (decode.DecodingModel) of a model made here."""
+  return ARCHITECTURES[model.config.architecture][1](model)
+
+
 class Built(NamedTuple):
   """What a config builds before any data is seen."""
-  model: Transformer
+  model: flax.linen.Module  # Transformer or RNNEncoderDecoder (make_model).
   tx: optax.GradientTransformation
   abstract: TrainState  # Shapes and dtypes only (jax.ShapeDtypeStruct leaves).
   shardings: TrainState  # Where each leaf lives on the mesh.
@@ -42,7 +58,7 @@ class Built(NamedTuple):
 
 def build(config, vocab_size, mesh) -> Built:
   cfg = model_config(config, vocab_size)
-  model = Transformer(cfg)
+  model = make_model(cfg)
   tx, schedule = optim.make_optimizer(config.optim, cfg.d_model)
   abstract = jax.eval_shape(lambda: create_state(model, tx, jax.random.key(config.seed)))
   shardings = sharding.state_shardings(abstract, mesh, config.train.fsdp)

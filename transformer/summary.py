@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from transformer.config import model_config
-from transformer.model import Transformer
+from transformer.state import make_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 
@@ -23,7 +23,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_c
 def parameter_shapes(cfg):
   """The model's parameter tree as ShapeDtypeStructs."""
   ids = jnp.ones((1, 4), jnp.int32)
-  variables = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), ids, ids)
+  variables = jax.eval_shape(make_model(cfg).init, jax.random.key(0), ids, ids)
   return variables["params"]
 
 

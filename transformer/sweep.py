@@ -37,6 +37,7 @@ checkpoint). A variant that fails is recorded as failed, with its error, and the
 sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
 """
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -46,6 +47,7 @@ import shlex
 import subprocess
 import sys
 import time
+import warnings
 from typing import Callable, Optional
 
 from absl import app
@@ -98,6 +100,15 @@ class Sweep:
     return [s for s in self.sets if s.partition("=")[0] not in own] + variant.overrides
 
 
+@contextlib.contextmanager
+def _loading():
+  """ml_collections loads config files with importlib's deprecated load_module: one
+  warning per file loaded, hundreds in a sweep, none of them ours to fix."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+    yield
+
+
 def load_config(base: str, overrides=()):
   """The ConfigDict of `train.py --config base --config.<override> ...`, parsed by
   the same ml_collections flag (a private FlagValues, so nothing global changes)."""
@@ -105,8 +116,9 @@ def load_config(base: str, overrides=()):
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "Base config.", flag_values=flag_values,
                                   lock_config=True, sys_argv=argv)
-  flag_values(argv)
-  config = flag_values.config
+  with _loading():
+    flag_values(argv)
+    config = flag_values.config
   config.to_dict()  # A file that failed to load raises only when the config is used.
   return config
 
@@ -122,7 +134,8 @@ def _unknown_field(config, field: str) -> bool:
 
 def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   """Loads a sweep file and resolves its variants against the base config."""
-  module = config_flags.config_flags._LoadConfigModule("sweep", path)  # pylint: disable=protected-access
+  with _loading():
+    module = config_flags.config_flags._LoadConfigModule("sweep", path)  # pylint: disable=protected-access
   base, sets = base or module.BASE, list(sets)
   plain = load_config(base)
   for field in [s.partition("=")[0] for s in sets]:  # A bad --set stops the sweep here.

@@ -16,7 +16,7 @@ import optax
 
 from transformer import checkpoints, data as data_lib, files, inference, lock, losses
 from transformer import metrics as metrics_lib
-from transformer import preemption, sharding, state as state_lib
+from transformer import distributed, preemption, sharding, state as state_lib
 from transformer import workdir as workdir_lib
 from transformer.config import check_config
 
@@ -120,6 +120,16 @@ def evaluate_loss(eval_fn, params, examples, config, mesh):
   return metrics
 
 
+def load_data(config, workdir, mesh):
+  """The training and evaluation data; every host reads its own rows of each
+  global batch. Process 0 prepares the dataset and the vocabulary first, so that
+  the others load what it wrote instead of writing the same files at once."""
+  return distributed.process_0_first(lambda: data_lib.get_train_and_eval(
+      config.data, workdir=workdir, seed=config.seed,
+      batch_multiple=mesh.size * config.train.grad_accum_steps,
+      shard_index=jax.process_index(), shard_count=jax.process_count()), "load_data")
+
+
 def save_config(config, workdir) -> None:
   files.write_atomic(os.path.join(workdir, "config.json"),
                      config.to_json_best_effort(indent=2, sort_keys=True))
@@ -199,7 +209,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   transformer/lock.py), and a config that changes what its checkpoints depend on
   stops the run before anything is written (workdir.check_resume_config)."""
   check_config(config)
-  sharding.maybe_initialize_distributed()
+  distributed.maybe_initialize(config.distributed)
   with lock.hold(workdir, "train", primary=jax.process_index() == 0):
     workdir_lib.check_resume_config(workdir, config)  # Before config.json is replaced.
     if jax.process_index() == 0:
@@ -212,10 +222,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   logging.info("Devices: %d (%s) over %d host(s); mesh %s", jax.device_count(),
                jax.devices()[0].platform, jax.process_count(), dict(mesh.shape))
 
-  data = data_lib.get_train_and_eval(
-      config.data, workdir=workdir, seed=config.seed,
-      batch_multiple=mesh.size * config.train.grad_accum_steps,
-      shard_index=jax.process_index(), shard_count=jax.process_count())
+  data = load_data(config, workdir, mesh)
   logging.info("Data: %s", json.dumps(data.stats))
   # Logged once the config, the workdir and the data have passed their checks, so
   # that a bad value stops the program with one line rather than after a page.

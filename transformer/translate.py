@@ -34,7 +34,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import evaluate, inference, plots, runtime
+from transformer import distributed, evaluate, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import tokenizer as tokenizer_lib
@@ -131,6 +131,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
   if plot_attention:  # Bad plot flags fail before any work.
+    if jax.process_count() > 1:
+      raise ValueError("--plot_attention draws in one process; run it without the other "
+                       "processes of a multi-process job")
     plots.parse_head(head, config.model.num_heads)
     if not -config.model.num_layers <= layer < config.model.num_layers:
       raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
@@ -143,7 +146,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
       temperature=temperature, tokens_per_batch=tokens_per_batch)
   lines = iter_lines(input_path)
   outputs, count, first = [], 0, None
-  out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+  out = None  # Every process holds every output; the first writes them.
+  if jax.process_index() == 0:
+    out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")  # pylint: disable=consider-using-with
   try:
     for index in itertools.count():
       chunk = list(itertools.islice(lines, chunk_lines))
@@ -153,14 +158,15 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                               restored.mesh, chunk, first_line=count + 1,
                               rng=jax.random.fold_in(jax.random.key(seed), index), **decode_kw)
       texts = ["" if r is None else restored.tokenizer.decode(r[1]) for r in results]
-      out.write("".join(t + "\n" for t in texts))
-      out.flush()  # A killed run keeps every chunk written so far.
+      if out is not None:
+        out.write("".join(t + "\n" for t in texts))
+        out.flush()  # A killed run keeps every chunk written so far.
       first = first or next((r for r in results if r is not None), None)
       count += len(chunk)
       if collect:
         outputs += texts
   finally:
-    if out is not sys.stdout:
+    if out not in (None, sys.stdout):
       out.close()
   if plot_attention:
     if first is None:
@@ -169,7 +175,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     weights = plots.cross_attention_weights(restored.model, restored.params, src, out, layer)
     plots.plot_attention(weights, token_labels(restored.tokenizer, src),
                          token_labels(restored.tokenizer, out), plot_attention, head=head,
-                         title=f"encoder-decoder attention, decoder layer "
+                         title="decoder attention over the source (rnn)"
+                         if config.model.get("architecture") == "rnn" else
+                         f"encoder-decoder attention, decoder layer "
                          f"{layer % config.model.num_layers}")
   return outputs if collect else count
 
@@ -184,7 +192,8 @@ def main(argv):
   runtime.quiet_library_logs()
   runtime.use_compilation_cache()
   f = flags.FLAGS
-  with runtime.one_line_errors("translate"):  # Bad input: the message, not a traceback.
+  with runtime.one_line_errors("translate"), distributed.exit_at_once_on_error():
+    distributed.maybe_initialize(workdir_lib.distributed_settings(f.workdir))
     run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
         f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
         f.tokens_per_batch, f.chunk_lines, collect=False)

@@ -70,6 +70,15 @@ def check_resume_config(workdir: str, config) -> None:
                  "; ".join(f"{f} {o!r} -> {n!r}" for f, o, n in free))
 
 
+def distributed_settings(workdir: str):
+  """config.distributed of the workdir's config.json (how long a multi-process
+  evaluate or translate waits for its processes); None where there is none."""
+  try:
+    return load_config(workdir).get("distributed")
+  except FileNotFoundError:  # The command itself reports the missing workdir.
+    return None
+
+
 def load_tokenizer(workdir: str, config) -> tokenizer_lib.Tokenizer:
   path = config.data.get("vocab_path") or os.path.join(workdir, "spm.model")
   if not os.path.exists(path):

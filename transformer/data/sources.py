@@ -43,7 +43,15 @@ def _load_scan(config, split, data_dir):
     raise ValueError(f"SCAN has splits 'train' and 'test', not {split!r}")
   builder = scan.Scan(config=config, data_dir=data_dir)
   if not builder.is_prepared():
-    builder.download_and_prepare()  # Generates from the grammar; nothing is downloaded.
+    try:
+      builder.download_and_prepare()  # Generates from the grammar; nothing is downloaded.
+    except OSError:
+      # TFDS builds in a temporary directory and renames it; when another process
+      # (of a multi-process job, on a host-local data dir) renamed its own first,
+      # this rename fails and that process's identical dataset is used.
+      builder = scan.Scan(config=config, data_dir=data_dir)
+      if not builder.is_prepared():
+        raise
   return _read_tfds(builder, split, ('source', 'target'))
 
 

@@ -1,0 +1,35 @@
+"""Multi30k EN->DE on the RNN encoder-decoder with attention: the baseline beside
+configs/multi30k.py (the Transformer), same data, vocabulary and step count.
+
+  python train.py --config configs/multi30k_rnn.py                  # Bahdanau (runs/multi30k_rnn)
+  python train.py --config configs/multi30k_rnn.py:luong_general    # Luong, LSTM (runs/multi30k_rnn_luong_general)
+  python -m transformer.evaluate --workdir runs/multi30k_rnn --split test_2016_flickr --mode beam
+The argument after the file name picks config.model.rnn_attention, and so a workdir
+of its own: bahdanau (default) | luong_general | luong_dot. Not yet measured here.
+"""
+
+from configs import multi30k
+from transformer.config import RNN_ATTENTIONS
+
+
+def get_config(attention="bahdanau"):
+  if attention not in RNN_ATTENTIONS:
+    raise ValueError(f"multi30k_rnn attention must be one of {RNN_ATTENTIONS}, got {attention!r}.")
+  config = multi30k.get_config()
+  config.model.architecture = "rnn"  # transformer/rnn.py.
+  config.model.rnn_attention = attention
+  # Bahdanau et al. used gated recurrent units, Luong et al. LSTMs with input feeding.
+  config.model.rnn_cell = "gru" if attention == "bahdanau" else "lstm"
+  config.model.rnn_input_feeding = True
+  config.model.num_layers = 1  # One bidirectional encoder layer, one decoder layer (RNNsearch).
+  config.model.d_model = 256  # Embeddings and decoder state; 128 units a direction.
+  config.model.dropout = 0.2
+
+  config.data.batching = "bucket"  # No packing: a recurrence would run across examples.
+  config.data.tokens_per_batch = 4096  # Padded tokens a side.
+
+  # The section 5.3 schedule as multi30k.py (the comparison changes only the model),
+  # with the gradient-norm clip of Bahdanau et al. for the recurrence. Peak lr =
+  # 0.7 * 256^-0.5 * 500^-0.5 = 2.0e-3, then 1/sqrt(step) decay: constant-like, then decay.
+  config.optim.grad_clip_norm = 1.0
+  return config

@@ -1,0 +1,57 @@
+"""The job's topology read from the environment, with named errors; timeouts from
+config.distributed. (Jobs of real processes: tests/test_multiprocess.py.)"""
+
+import pytest
+
+from transformer import distributed
+from transformer.distributed import ADDRESS, COUNT, INDEX, Job, job_from_env
+
+EXPLICIT = {ADDRESS: "127.0.0.1:1234", COUNT: "4", INDEX: "3"}
+
+
+def test_no_variables_is_one_process():
+  assert job_from_env({}) is None
+  assert job_from_env({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None
+  assert job_from_env({**EXPLICIT, COUNT: "1", INDEX: "0"}) is None  # Nothing to join.
+
+
+def test_explicit_variables_describe_the_job():
+  assert job_from_env(EXPLICIT) == Job("127.0.0.1:1234", 4, 3, "environment")
+
+
+def test_schedulers_are_left_to_jax_detection():
+  slurm = {"SLURM_NTASKS": "8", "SLURM_PROCID": "5"}
+  assert job_from_env(slurm) == Job(None, None, None, "slurm")
+  assert job_from_env({"OMPI_COMM_WORLD_SIZE": "2"}) == Job(None, None, None, "ompi")
+  # An explicit address (e.g. a chosen port) with the scheduler's count and id.
+  assert job_from_env({**slurm, ADDRESS: "node1:5555"}) == Job("node1:5555", None, None,
+                                                              "slurm")
+
+
+@pytest.mark.parametrize("environ,message", [
+    ({**EXPLICIT, INDEX: "4"}, "JAX_PROCESS_ID=4 is out of range for JAX_NUM_PROCESSES=4"),
+    ({**EXPLICIT, INDEX: "-1"}, "JAX_PROCESS_ID=-1 must be >= 0"),
+    ({**EXPLICIT, COUNT: "two"}, "JAX_NUM_PROCESSES='two' must be an integer"),
+    ({**EXPLICIT, COUNT: "0"}, "JAX_NUM_PROCESSES=0 must be >= 1"),
+    ({COUNT: "2", INDEX: "0"}, "JAX_NUM_PROCESSES is set but JAX_COORDINATOR_ADDRESS is not"),
+    ({INDEX: "1"}, "JAX_PROCESS_ID is set but JAX_COORDINATOR_ADDRESS is not"),
+    ({ADDRESS: "127.0.0.1:1234"}, "JAX_COORDINATOR_ADDRESS is set but JAX_NUM_PROCESSES"),
+    ({ADDRESS: "127.0.0.1:1234", COUNT: "2"}, "but JAX_PROCESS_ID is not"),
+    ({**EXPLICIT, ADDRESS: "127.0.0.1"}, "JAX_COORDINATOR_ADDRESS='127.0.0.1' must be host:port"),
+    ({"SLURM_NTASKS": "many", "SLURM_PROCID": "0"}, "SLURM_NTASKS='many' must be an integer"),
+])
+def test_bad_settings_name_the_variable(environ, message):
+  with pytest.raises(ValueError, match=message):
+    job_from_env(environ)
+
+
+def test_timeouts_default_to_jax_for_configs_without_them():
+  assert distributed.timeouts(None) == distributed.DEFAULT_TIMEOUTS
+  assert distributed.timeouts({"heartbeat_timeout_s": 5})["heartbeat_timeout_s"] == 5
+
+
+def test_one_process_runs_first_and_barriers_at_once():
+  calls = []
+  assert distributed.process_0_first(lambda: calls.append(1) or "done", "x") == "done"
+  distributed.barrier("nothing to wait for")
+  assert calls == [1]

@@ -1,0 +1,64 @@
+"""The local launcher with stand-in commands (no JAX): each process's variables
+and prefixed output, and a failed job ended and reported, not left running.
+(Jobs of JAX processes: tests/test_multiprocess.py.)"""
+
+import io
+import os
+import subprocess
+import sys
+
+from transformer import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRINT_ENV = ("import os; print(*(os.environ.get(k) for k in ('JAX_COORDINATOR_ADDRESS', "
+             "'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID', 'XLA_FLAGS', 'JAX_PLATFORMS')))")
+
+
+def python(code, index_code=None):
+  """A command running `code`, or in process 1 `index_code`."""
+  if index_code is not None:
+    code = f"import os\nif os.environ['JAX_PROCESS_ID'] == '1':\n  {index_code}\n{code}"
+  return [sys.executable, "-c", code]
+
+
+def test_each_process_gets_its_variables_and_a_prefix():
+  out = subprocess.run([sys.executable, "-m", "transformer.launch", "--processes=3",
+                        "--devices_per_process=2", "--port=4567", "--", sys.executable,
+                        "-c", PRINT_ENV], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, XLA_FLAGS="--xla_foo=1"))
+  assert out.returncode == 0, out.stdout + out.stderr
+  for i in range(3):
+    assert (f"[p{i}] 127.0.0.1:4567 3 {i} --xla_foo=1 "
+            "--xla_force_host_platform_device_count=2 cpu\n") in out.stdout
+    assert f"[launch] process {i}: exited with status 0\n" in out.stdout
+
+
+def test_a_failure_ends_the_others_after_the_grace_period():
+  out = io.StringIO()
+  code = launch.launch(python("import time; time.sleep(60)", "raise SystemExit(3)"), 2,
+                       grace_s=0.5, out=out)
+  text = out.getvalue()
+  assert code == 3, text
+  assert "[launch] process 0: killed by SIGTERM (by the launcher)" in text
+  assert "[launch] process 1: exited with status 3\n" in text
+  assert "[launch] failed: process 1 exited with status 3 first" in text
+
+
+def test_a_job_that_fails_by_itself_is_reported_in_order():
+  out = io.StringIO()
+  code = launch.launch(python("import time; time.sleep(1); raise SystemExit(1)",
+                              "import signal; os.kill(os.getpid(), signal.SIGKILL)"),
+                       2, grace_s=30, out=out)
+  text = out.getvalue()
+  assert code == 128 + 9, text
+  assert "[launch] process 0: exited with status 1\n" in text  # Not by the launcher.
+  assert "[launch] failed: process 1 killed by SIGKILL first" in text
+
+
+def test_a_job_past_its_time_limit_is_ended():
+  out = io.StringIO()
+  code = launch.launch(python("import time; time.sleep(60)"), 2, timeout_s=0.5, out=out)
+  text = out.getvalue()
+  assert code == 124, text
+  assert "[launch] failed: the job ran past --timeout_s=0.5" in text
+  assert text.count("killed by SIGTERM (by the launcher)") == 2

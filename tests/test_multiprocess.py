@@ -1,0 +1,267 @@
+"""Multi-process jobs on this machine: 2 processes of 2 CPU devices each, talking
+over 127.0.0.1 (transformer/launch.py), against 1 process of 4 devices.
+
+Every job is a real set of subprocesses with a time limit (the launcher's
+--timeout_s, and subprocess's timeout above it), so that a hang fails the test.
+
+Tolerance: the two jobs run the same partitioned program on the same 4-device
+mesh; only the gradients' all-reduce runs elsewhere (gloo between the processes
+instead of within one), which adds in another order: after 6 steps the
+parameters differed by at most 1.2e-7 (no leaf bitwise equal). They are compared
+to 1e-5 absolute; one padding row in place of a real one, at one step of six,
+moved every leaf by 4e-4 or more (at most 5e-3).
+"""
+
+import collections
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from tests.multiprocess_config import get_config
+from tests.test_training import restore_params
+from transformer import distributed, sharding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_TIMEOUT_S = 240
+ATOL = 1e-5
+
+
+def job_env(devices):
+  """This environment without any job variables, with `devices` CPU devices and the
+  tests' compilation cache."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in (distributed.ADDRESS, distributed.COUNT, distributed.INDEX)}
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu",
+             TRANSFORMER_COMPILATION_CACHE=jax.config.jax_compilation_cache_dir or "0")
+  return env
+
+
+def launch_command(args, processes=2, devices=2):
+  if processes == 1:
+    return [sys.executable] + args, job_env(devices)
+  return ([sys.executable, "-m", "transformer.launch", f"--processes={processes}",
+           f"--devices_per_process={devices}", f"--timeout_s={JOB_TIMEOUT_S}", "--"] + args,
+          job_env(devices))
+
+
+def run_job(args, processes=2, devices=2):
+  """Runs `args` (after `python`) as a job; its output. A failure shows the output's end."""
+  command, env = launch_command(args, processes, devices)
+  out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=JOB_TIMEOUT_S + 60)
+  output = out.stdout + out.stderr
+  assert out.returncode == 0, f"{command} failed:\n{output[-5000:]}"
+  return output
+
+
+def train(data_dir, workdir, processes, *overrides):
+  return run_job(["train.py", f"--config=tests/multiprocess_config.py:{data_dir}",
+                  f"--workdir={workdir}", *overrides],
+                 processes=processes, devices=4 // processes)
+
+
+def assert_params_close(a, b):
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a.params),
+                          jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=0,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("tfds"))
+
+
+def test_global_batches_hold_every_example_once_as_in_one_process(data_dir, tmp_path):
+  """The first process to touch the (fresh) data dir prepares SCAN and trains the
+  vocabulary while the other waits; then every global batch of an epoch, gathered
+  from both processes, equals the 1-process batch, and the epoch holds every
+  training example exactly once."""
+  two, one = str(tmp_path / "two.npz"), str(tmp_path / "one.npz")
+  check = "tests/multiprocess_data_check.py"
+  output = run_job([check, data_dir, str(tmp_path / "w2"), two])
+  assert re.search(r"\[p1\] process 1 of 2: \d+ batches", output)
+  prepared = re.findall(r"^\[(p\d)\] Downloading and preparing dataset", output, re.M)
+  assert prepared == ["p0"], output[-5000:]  # TFDS's note: process 0 alone prepared SCAN.
+  run_job([check, data_dir, str(tmp_path / "w1"), one], processes=1, devices=4)
+  two, one = np.load(two), np.load(one)
+  assert sorted(two.files) == sorted(one.files)
+  for key in two.files:
+    np.testing.assert_array_equal(two[key], one[key], err_msg=key)
+
+  seen = collections.Counter()
+  batches = {key.split("/")[0] for key in two.files if "/" in key}
+  for b in batches:
+    inputs, targets = two[f"{b}/inputs"], two[f"{b}/targets"]
+    assert inputs.shape[0] % 4 == 0  # Rows split evenly over the 4 devices.
+    segments_in, segments_out = two[f"{b}/inputs_segmentation"], two[f"{b}/targets_segmentation"]
+    for row in range(inputs.shape[0]):
+      for s in range(1, segments_in[row].max() + 1):
+        seen[f"{inputs[row][segments_in[row] == s].tolist()}|"
+             f"{targets[row][segments_out[row] == s].tolist()}"] += 1
+  expected = collections.Counter(two["examples"].tolist())
+  assert len(expected) == 2000 and max(expected.values()) == 1
+  assert seen == expected  # Every example once: none twice, none dropped.
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+  """Workdirs: `one`, 1 process x 4 devices, 12 steps (checkpoints 6 and 12);
+  `two`, 2 processes x 2 devices, 6 steps, with the events files it left."""
+  base = tmp_path_factory.mktemp("runs")
+  one, two = str(base / "one"), str(base / "two")
+  train(data_dir, one, 1, "--config.train.num_steps=12")
+  train(data_dir, two, 2)
+  return {"one": one, "two": two, "events": glob.glob(os.path.join(two, "events.out.*"))}
+
+
+def test_two_processes_train_as_one(data_dir, runs):
+  """train.py in 2 processes x 2 devices: after 6 steps the parameters and the
+  iterator position of 1 process x 4 devices; one events file."""
+  config = get_config(data_dir)
+  a, data_a, step_a = restore_params(runs["two"], config)
+  b, data_b, _ = restore_params(runs["one"], config, 6)
+  assert step_a == 6 and data_a == data_b
+  assert_params_close(a, b)
+  assert len(runs["events"]) == 1  # TensorBoard: process 0 alone writes events.
+
+
+def test_two_processes_train_as_one_with_fsdp(data_dir, tmp_path):
+  """The same with parameters and optimizer state split over the 4 devices."""
+  config = get_config(data_dir)
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  train(data_dir, one, 1, "--config.train.fsdp=True")
+  train(data_dir, two, 2, "--config.train.fsdp=True")
+  a, data_a, _ = restore_params(two, config)
+  b, data_b, _ = restore_params(one, config)
+  assert data_a == data_b
+  assert_params_close(a, b)
+  # FSDP really splits this model over 4 devices.
+  assert any(sharding.DATA_AXIS in tuple(sharding.leaf_spec(x.shape, 4, True))
+             for x in jax.tree.leaves(a.params))
+
+
+def test_checkpoint_of_two_processes_resumes_in_one(data_dir, runs, tmp_path):
+  """The 2-process checkpoint (step 6) restores into 1 process x 4 devices, which
+  trains on to step 12 from the same iterator position: the uninterrupted
+  1-process run's step 12."""
+  resumed = str(tmp_path / "resumed")
+  shutil.copytree(runs["two"], resumed)
+  output = train(data_dir, resumed, 1, "--config.train.num_steps=12")
+  assert "Resumed from step 6." in output
+  config = get_config(data_dir)
+  a, data_a, step = restore_params(resumed, config)
+  b, data_b, _ = restore_params(runs["one"], config, 12)
+  assert step == 12 and data_a == data_b
+  assert_params_close(a, b)
+
+
+def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
+  """python -m transformer.evaluate in 2 processes: one JSON and one hypotheses
+  file, written and announced by process 0, with the 1-process numbers, batches
+  and hypotheses."""
+  workdir = str(tmp_path / "eval")
+  shutil.copytree(runs["two"], workdir)
+  command = ["-m", "transformer.evaluate", f"--workdir={workdir}", "--mode=greedy",
+             "--limit=40"]
+  results = []
+  for processes in (1, 2):
+    output = run_job(command, processes=processes, devices=4 // processes)
+    written = glob.glob(os.path.join(workdir, "eval_*"))
+    assert sorted(os.path.basename(p) for p in written) == [
+        "eval_test_latest_greedy-n40.json", "eval_test_latest_greedy-n40.txt"]
+    assert len(re.findall(r"wrote \S+\.json", output)) == 1  # Process 0 alone.
+    with open(next(p for p in written if p.endswith(".json"))) as f:
+      results.append(json.load(f))
+    with open(next(p for p in written if p.endswith(".txt"))) as f:
+      results[-1]["hypotheses"] = f.read()
+    for path in written:
+      os.remove(path)
+  one, two = results
+  assert two["num_sentences"] == one["num_sentences"] == 40
+  assert two["batches"] == one["batches"] and two["metrics"] == one["metrics"]
+  assert two["perplexity"] == pytest.approx(one["perplexity"], rel=1e-5)  # Sums over hosts.
+  assert two["hypotheses"] == one["hypotheses"] and two["hypotheses"].count("\n") == 40
+
+
+def stop_process_1_mid_training(data_dir, workdir, sig, grace_s):
+  """Starts a long 2-process training, sends `sig` to process 1 once it has logged
+  step 3; (the launcher's output, seconds from the signal to the line saying that
+  process 0 ended, the launcher's exit status)."""
+  command, env = launch_command(["train.py", f"--config=tests/multiprocess_config.py:{data_dir}",
+                                 f"--workdir={workdir}", "--config.train.num_steps=100000"])
+  command.insert(command.index("--"), f"--grace_s={grace_s}")
+  job = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+  watchdog = threading.Timer(JOB_TIMEOUT_S + 60, job.kill)  # Should the launcher hang.
+  watchdog.start()
+  lines, pids, sent_at, ended_after = [], {}, None, None
+  try:
+    for line in job.stdout:
+      lines.append(line)
+      found = re.match(r"\[launch\] process (\d+): pid (\d+)", line)
+      if found:
+        pids[int(found[1])] = int(found[2])
+      if sent_at is None and re.match(r"\[p1\] .*\] \[3\] train/", line):
+        os.kill(pids[1], sig)
+        sent_at = time.monotonic()
+      if (sent_at is not None and ended_after is None
+          and re.match(r"\[launch\] process 0: |\[launch\] process 0 (exited|killed)", line)):
+        ended_after = time.monotonic() - sent_at
+    job.wait(timeout=60)
+  finally:
+    watchdog.cancel()
+    if job.poll() is None:  # The launcher hung: its processes are ended here.
+      job.kill()
+      for pid in pids.values():
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+  output = "".join(lines)
+  assert sent_at is not None and ended_after is not None, output[-5000:]
+  return output, ended_after, job.returncode
+
+
+def test_a_killed_process_ends_the_job_promptly(data_dir, tmp_path):
+  """kill -9 of process 1 mid-training: process 0's next collective with it fails,
+  and process 0 exits non-zero by itself, well within the launcher's grace
+  period; the launcher names process 1 as the first failure."""
+  output, ended_after, code = stop_process_1_mid_training(
+      data_dir, tmp_path / "killed", signal.SIGKILL, grace_s=60)
+  assert code == 128 + signal.SIGKILL, output[-5000:]
+  assert "[launch] process 1: killed by SIGKILL\n" in output
+  assert re.search(r"\[launch\] process 0: (exited with status [1-9]|killed by SIG\w+)\n",
+                   output), output[-5000:]  # By itself: not "(by the launcher)".
+  assert "[launch] failed: process 1 killed by SIGKILL first" in output
+  heartbeat = get_config(data_dir).distributed.heartbeat_timeout_s
+  assert ended_after < heartbeat + 20, ended_after
+
+
+def test_a_hung_process_ends_the_job_within_the_heartbeat_timeout(data_dir, tmp_path):
+  """A process that stops (SIGSTOP: alive, sockets open, silent) leaves process 0
+  waiting in a collective; JAX's coordination service misses its heartbeats for
+  config.distributed.heartbeat_timeout_s and ends process 0 (SIGABRT); the
+  launcher then ends the stopped one."""
+  output, ended_after, code = stop_process_1_mid_training(
+      data_dir, tmp_path / "hung", signal.SIGSTOP, grace_s=1)
+  heartbeat = get_config(data_dir).distributed.heartbeat_timeout_s
+  assert "stopped sending heartbeats" in output, output[-5000:]
+  assert "[launch] process 0: killed by SIGABRT\n" in output, output[-5000:]
+  # Continued and told to end, it may first take the service's error (SIGABRT).
+  assert re.search(r"\[launch\] process 1: killed by SIG\w+ \(by the launcher\)", output)
+  assert code == 128 + signal.SIGABRT
+  # Heartbeats go out every few seconds: the last one came up to that long before the stop.
+  assert ended_after < heartbeat + 20, ended_after

@@ -1,0 +1,263 @@
+"""Tests for transformer/rnn.py: padding, the encoder's two directions, decoding state
+against the teacher-forced pass, beam 1 = greedy, parameter counts, config errors, and
+a tiny SCAN run trained, resumed, evaluated and translated through the shared commands."""
+
+import functools
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.helpers import random_tokens, tiny_experiment
+from tests.test_plots import assert_png
+from transformer import decode, evaluate, state as state_lib, training, translate
+from transformer.config import ModelConfig, check_config, model_config
+from transformer.model import shift_right
+from transformer.rnn import RNNDecoding, RNNEncoderDecoder
+from transformer.summary import parameter_shapes
+
+V = 23
+# Compiling dominates; without LLVM optimisation it takes about half as long.
+FAST = dict(compiler_options={"xla_backend_optimization_level": 0})
+# Each attention with a different cell, depth and feeding, to cover them in few compilations.
+VARIANTS = {
+    "bahdanau": dict(rnn_attention="bahdanau", rnn_cell="gru", num_layers=2),
+    "luong_general": dict(rnn_attention="luong_general", rnn_cell="lstm", num_layers=1),
+    "luong_dot": dict(rnn_attention="luong_dot", rnn_cell="gru", num_layers=1,
+                      rnn_input_feeding=False),
+}
+
+
+def rnn_config(**overrides) -> ModelConfig:
+  return ModelConfig(**{**dict(input_vocab_size=V, output_vocab_size=V, num_layers=1,
+                               d_model=16, dropout=0.0, max_len=24, architecture="rnn"),
+                        **overrides})
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(variant):
+  """(model, params) of a tiny RNN, initialised once per variant."""
+  model = RNNEncoderDecoder(rnn_config(**VARIANTS[variant]))
+  ones = jnp.ones((1, 4), jnp.int32)
+  return model, jax.jit(model.init, **FAST)(jax.random.key(0), ones, ones)["params"]
+
+
+@functools.lru_cache(maxsize=None)
+def jitted(model, method=None):
+  return jax.jit(functools.partial(model.apply, method=method), **FAST)
+
+
+def forward(variant, inputs, targets):
+  model, params = tiny(variant)
+  return np.asarray(jitted(model)({"params": params}, jnp.asarray(inputs), jnp.asarray(targets)))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_padding_does_not_change_real_positions(variant):
+  """More PAD columns after sources and targets, and a row's batch-mates, change
+  nothing at real target positions: the backward direction starts at each row's
+  last real token and attention never reads PAD."""
+  rng = np.random.default_rng(0)
+  inputs, targets = random_tokens(rng, [5, 3], 6, V), random_tokens(rng, [4, 6], 6, V)
+  logits = forward(variant, inputs, targets)
+  wide = forward(variant, np.pad(inputs, ((0, 0), (0, 4))), np.pad(targets, ((0, 0), (0, 3))))
+  alone = forward(variant, inputs[1:, :3], targets[1:])
+  for b, n in enumerate([4, 6]):
+    np.testing.assert_allclose(wide[b, :n], logits[b, :n], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(alone[0], logits[1], atol=1e-5, rtol=0)
+
+
+def test_encoder_directions_read_left_and_right_context():
+  """h_j = [fwd h_j; bwd h_j] (Bahdanau 3.2): the forward half at j reads tokens
+  <= j, the backward half tokens >= j of the real sentence. Reversing each row's
+  real tokens and swapping the directions' parameters swaps the halves, reversed."""
+  model, params = tiny("luong_general")  # One bidirectional layer.
+  encode = jitted(model, "encode")
+  h = 16 // 2
+  rng = np.random.default_rng(1)
+  lengths = [6, 4]
+  inputs = random_tokens(rng, lengths, 7, V)
+  reversed_inputs = inputs.copy()
+  for b, n in enumerate(lengths):
+    reversed_inputs[b, :n] = inputs[b, :n][::-1]
+  layer = params["encoder"]["layer_0"]
+  swapped = {**params, "encoder": {"layer_0": {"forward_rnn": layer["backward_rnn"],
+                                               "backward_rnn": layer["forward_rnn"]}}}
+  enc = np.asarray(encode({"params": params}, inputs))
+  enc_rev = np.asarray(encode({"params": swapped}, reversed_inputs))
+  for b, n in enumerate(lengths):
+    np.testing.assert_allclose(enc_rev[b, :n, :h], enc[b, :n, h:][::-1], atol=1e-6)
+    np.testing.assert_allclose(enc_rev[b, :n, h:], enc[b, :n, :h][::-1], atol=1e-6)
+  # A changed token at k changes forward outputs at j >= k only, backward at j <= k only.
+  k = 2
+  changed = inputs.copy()
+  changed[:, k] = np.where(changed[:, k] == 4, 5, 4)
+  diff = np.abs(np.asarray(encode({"params": params}, changed)) - enc)
+  for b, n in enumerate(lengths):
+    np.testing.assert_array_equal(diff[b, :n, :h].max(-1) > 0, np.arange(n) >= k)
+    np.testing.assert_array_equal(diff[b, :n, h:].max(-1) > 0, np.arange(n) <= k)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_decoding_steps_equal_the_teacher_forced_pass(variant):
+  """The decoding contract (encode once; start; one step a token) gives the logits
+  of the teacher-forced scan step by step, and greedy decoding picks their argmax:
+  teacher-forcing the greedy output reproduces it."""
+  model, params = tiny(variant)
+  decoding = RNNDecoding(model)
+  rng = np.random.default_rng(2)
+  inputs = jnp.asarray(random_tokens(rng, [5, 3], 6, V))
+  targets = jnp.asarray(random_tokens(rng, [7, 7], 7, V))
+
+  @functools.partial(jax.jit, **FAST)
+  def stepwise(params, inputs, decoder_inputs):
+    context, cache = decoding.init_state(params, decoding.encode(params, inputs), inputs, 0)
+
+    def step(cache, ids_Bx1):
+      logits, cache = decoding.step(params, context, cache, ids_Bx1[:, None])
+      return decoding.grow(cache, 99), logits
+
+    return jnp.swapaxes(jax.lax.scan(step, cache, decoder_inputs.T)[1], 0, 1)
+
+  np.testing.assert_allclose(stepwise(params, inputs, shift_right(targets, model.config.bos_id)),
+                             forward(variant, inputs, targets), atol=1e-5, rtol=0)
+  # eos_id = V cannot be emitted: the rows run to their limits, 5 + 4 and 3 + 4 tokens.
+  greedy = np.asarray(decode.encode_and_decode(decoding, params, inputs, mode="greedy",
+                                               max_extra_len=4, eos_id=V))
+  assert greedy.shape == (2, 10) and not greedy[0, 9:].any() and not greedy[1, 7:].any()
+  teacher = forward(variant, np.asarray(inputs), greedy).argmax(-1)
+  for b, n in enumerate([9, 7]):
+    np.testing.assert_array_equal(teacher[b, :n], greedy[b, :n])
+
+
+def test_beam_size_one_equals_greedy():
+  model, params = tiny("bahdanau")
+  inputs = jnp.asarray(random_tokens(np.random.default_rng(3), [6, 2], 6, V))
+  run = jax.jit(functools.partial(decode.encode_and_decode, RNNDecoding(model), max_extra_len=5),
+                static_argnames=("mode", "beam_size"), **FAST)
+  for eos_id in (3, V):  # The real EOS (alpha 0), and one the model cannot emit.
+    np.testing.assert_array_equal(
+        run(params, inputs, mode="beam", beam_size=1, alpha=0.0, eos_id=eos_id),
+        run(params, inputs, mode="greedy", eos_id=eos_id))
+
+
+def _gru(i, h):  # flax GRUCell: 3 input matrices with biases, 3 recurrent, one bias (hn).
+  return 3 * (i * h + h) + 3 * h * h + h
+
+
+def _lstm(i, h):  # flax (Optimized)LSTMCell: 4 input matrices, 4 recurrent with biases.
+  return 4 * i * h + 4 * (h * h + h)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(), dict(rnn_cell="lstm", num_layers=2),
+    dict(rnn_attention="luong_general", share_embeddings=False, tie_output=False,
+         output_vocab_size=19),
+    dict(rnn_attention="luong_dot", rnn_input_feeding=False, num_layers=2)])
+def test_parameter_count_by_formula(overrides):
+  cfg = rnn_config(d_model=12, **overrides)
+  D, N, h = cfg.d_model, cfg.num_layers, cfg.d_model // 2
+  cell = _gru if cfg.rnn_cell == "gru" else _lstm
+  embeddings = cfg.input_vocab_size * D + (0 if cfg.share_embeddings else cfg.output_vocab_size * D)
+  encoder = N * 2 * cell(D, h)  # Two directions a layer, each reading D = 2 h.
+  if cfg.rnn_attention == "bahdanau":
+    first_input, attention = 2 * D, D * D + D + D * D  # W (query), v, U (keys).
+    output = 3 * D * D + D  # tanh layer over [y; s; c].
+  else:
+    first_input = 2 * D if cfg.rnn_input_feeding else D
+    attention = D * D if cfg.rnn_attention == "luong_general" else 0  # W_a (keys).
+    output = 2 * D * D  # W_c [c; h], no bias (eq. 5).
+  decoder = cell(first_input, D) + (N - 1) * cell(D, D)
+  init = h * N * D + N * D  # s_0 = tanh(W_s bwd h_1), one per decoder layer.
+  logits = 0 if cfg.tie_output else D * cfg.output_vocab_size
+  expected = embeddings + encoder + attention + decoder + output + init + logits
+  assert sum(x.size for x in jax.tree.leaves(parameter_shapes(cfg))) == expected
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("architecture", "lstm", "config.model.architecture='lstm': must be one of"),
+    ("rnn_cell", "rnn", "config.model.rnn_cell='rnn': must be one of"),
+    ("rnn_attention", "luong", "config.model.rnn_attention='luong': must be one of"),
+    ("d_model", 15, "config.model.d_model=15: must be even"),
+])
+def test_bad_rnn_values_name_the_field(field, value, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    rnn_config(**{field: value})
+
+
+def test_rnn_needs_no_heads_and_rejects_packed_batches(tmp_path):
+  rnn_config(d_model=18, num_heads=8)  # The heads are the Transformer's.
+  config = rnn_experiment(tmp_path)
+  check_config(config)
+  config.data.batching = "pack"
+  with pytest.raises(ValueError, match=re.escape(
+      "config.data.batching='pack': config.model.architecture='rnn' does not support")):
+    check_config(config)
+  model = state_lib.make_model(model_config(config, V))
+  ones = jnp.ones((1, 3), jnp.int32)
+  with pytest.raises(ValueError, match="packed rows"):
+    jax.eval_shape(functools.partial(model.init, inputs_segmentation=ones),
+                   jax.random.key(0), ones, ones)
+
+
+# ---------------------------------------------------------------------------
+# End to end: train.py's loop, checkpoints, evaluate, translate.
+
+def rnn_experiment(data_dir, **train):
+  """tests.helpers.tiny_experiment on the RNN: bucketed batches of SCAN examples of
+  at most 24 tokens (few bucket shapes, hence few compilations)."""
+  config = tiny_experiment(data_dir, **train)
+  config.model.architecture = "rnn"
+  config.model.rnn_attention = "bahdanau"
+  config.data.batching = "bucket"
+  config.data.max_length = 24
+  config.optim.grad_clip_norm = 1.0
+  return config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """(config, workdir, metrics) of a 30-step tiny RNN run."""
+  base = tmp_path_factory.mktemp("rnn_run")
+  config = rnn_experiment(base / "tfds")
+  workdir = str(base / "run")
+  return config, workdir, training.train_and_evaluate(config, workdir)
+
+
+def test_training_lowers_the_loss_checkpoints_and_resumes(trained):
+  config, workdir, first = trained
+  # A uniform prediction (where training starts) costs log(23) = 3.1 a token.
+  assert first["loss"] < 0.75 * np.log(V) and first["accuracy"] > 0.4  # Measured 1.58, 0.59.
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "30"
+  config.train.num_steps = 40
+  second = training.train_and_evaluate(config, workdir)  # Resumes at 30.
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "40"
+  assert second["loss"] < first["loss"]
+
+
+def test_evaluate_and_translate_the_rnn_workdir(trained, tmp_path):
+  _, workdir, _ = trained
+  result, path = evaluate.run(workdir, split="test[:20]", mode="beam", beam_size=2)
+  assert 0 < result["num_sentences"] <= 20 and np.isfinite(result["perplexity"])
+  assert 0 <= result["metrics"]["exact_match"] <= 1 and json.load(open(path))["mode"] == "beam"
+  src, png = tmp_path / "in.txt", tmp_path / "att.png"
+  src.write_text("walk twice\n\njump left\n")
+  outputs = translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy",
+                          plot_attention=str(png))
+  assert len(outputs) == 3 and outputs[1] == ""
+  assert_png(str(png))
+
+
+def test_rnn_configs_check():
+  from configs import multi30k_rnn, rnn_scan  # pylint: disable=g-import-not-at-top
+  check_config(rnn_scan.get_config())
+  for attention in ("bahdanau", "luong_general", "luong_dot"):
+    config = multi30k_rnn.get_config(attention)
+    check_config(config)
+    assert config.model.rnn_attention == attention
+  with pytest.raises(ValueError, match="must be one of"):
+    multi30k_rnn.get_config("luong")

@@ -1,0 +1,179 @@
+"""Joining a multi-process job: several hosts, or several processes on one.
+
+Who the processes are comes from the environment, not from the config: the
+config is saved in the workdir and read by every process and by later
+`evaluate` runs, while the topology belongs to one launch.
+
+  JAX_COORDINATOR_ADDRESS=host:port  process 0's address, reachable from every process
+  JAX_NUM_PROCESSES=N                the number of processes in the job
+  JAX_PROCESS_ID=i                   this process, 0 <= i < N
+
+(JAX reads the address itself; the other two are this project's, named like
+it.) Without them, a job that SLURM (srun, more than one task), Open MPI
+(mpirun, more than one rank) or a Cloud TPU VM describes is joined through
+JAX's own detection of it; anything else runs as one process. How long to wait
+for the other processes is config.distributed (configs/base.py).
+"""
+
+import contextlib
+import dataclasses
+import os
+import sys
+import traceback
+from typing import Optional
+
+from absl import logging
+import jax
+
+ADDRESS, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+# JAX's own defaults; a config (or a workdir's config.json) without the section gets them.
+DEFAULT_TIMEOUTS = {"initialization_timeout_s": 300, "heartbeat_timeout_s": 100,
+                    "shutdown_timeout_s": 300}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """A multi-process job; a None field is left to JAX's detection of the scheduler."""
+  coordinator_address: Optional[str]
+  num_processes: Optional[int]
+  process_id: Optional[int]
+  described_by: str  # environment (the variables above) | slurm | ompi | tpu
+
+
+def _int(environ, name):
+  value = environ.get(name)
+  if value in (None, ""):
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"{name}={value!r} must be an integer") from None
+
+
+def _on_cloud_tpu_vm() -> bool:
+  # Set by JAX at import on a TPU VM with libtpu; no public API says so.
+  from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+  return bool(getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False))
+
+
+def scheduler(environ) -> Optional[str]:
+  """The scheduler that describes a multi-process job here, if any: JAX reads the
+  process count, id and coordinator from it (JAX's cluster names)."""
+  if (_int(environ, "SLURM_NTASKS") or 1) > 1 and "SLURM_PROCID" in environ:
+    return "slurm"
+  if (_int(environ, "OMPI_COMM_WORLD_SIZE") or 1) > 1:
+    return "ompi"
+  if environ is os.environ and _on_cloud_tpu_vm():
+    return "tpu"
+  return None
+
+
+def job_from_env(environ=None) -> Optional[Job]:
+  """The job the environment describes, or None for a single process; a bad or
+  incomplete setting is a ValueError naming the variable."""
+  environ = os.environ if environ is None else environ
+  address = environ.get(ADDRESS) or None
+  count, index = _int(environ, COUNT), _int(environ, INDEX)
+  managed = scheduler(environ)
+  if address is not None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ValueError(f"{ADDRESS}={address!r} must be host:port, the address of process 0")
+  if count is not None and count < 1:
+    raise ValueError(f"{COUNT}={count} must be >= 1")
+  if index is not None and index < 0:
+    raise ValueError(f"{INDEX}={index} must be >= 0")
+  if address is None and (count is not None or index is not None):
+    raise ValueError(f"{COUNT if count is not None else INDEX} is set but {ADDRESS} is "
+                     "not: every process needs host:port of process 0")
+  if count is not None and index is not None and index >= count:
+    raise ValueError(f"{INDEX}={index} is out of range for {COUNT}={count} "
+                     f"(ids are 0 to {count - 1})")
+  if address is not None and managed is None:
+    for name, value in ((COUNT, count), (INDEX, index)):
+      if value is None:
+        raise ValueError(f"{ADDRESS} is set but {name} is not (and no SLURM, Open MPI "
+                         "or TPU environment gives it)")
+  if (address is None and managed is None) or count == 1:
+    return None
+  return Job(address, count, index, "environment" if managed is None else managed)
+
+
+def timeouts(settings=None) -> dict:
+  """config.distributed's timeouts in seconds, JAX's defaults for any missing
+  (`settings`: a ConfigDict, a dict or None)."""
+  settings = dict(settings or {})
+  return {k: int(settings.get(k, v)) for k, v in DEFAULT_TIMEOUTS.items()}
+
+
+def maybe_initialize(settings=None) -> Optional[Job]:
+  """Joins the job the environment describes (see above) before JAX starts its
+  backends; returns it, or None for one process. `settings`: config.distributed."""
+  job = job_from_env()
+  if job is None or jax.distributed.is_initialized():
+    return job
+  wait = timeouts(settings)
+  # Cross-process collectives on the CPU backend need an implementation: gloo is
+  # JAX's default in the version pinned here, none in older ones. It changes
+  # nothing on accelerators (their collectives are their own), so any platform
+  # gets it where none was chosen (JAX_CPU_COLLECTIVES_IMPLEMENTATION=mpi is kept).
+  if jax.config.jax_cpu_collectives_implementation is None:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  detection = job.described_by if job.described_by in ("slurm", "ompi") else None
+  where = (f"{job.described_by}: coordinator {job.coordinator_address or 'detected'}, "
+           f"process {'detected' if job.process_id is None else job.process_id} of "
+           f"{job.num_processes or 'detected'}")
+  # Said first: when the others never come, JAX aborts the process (DEADLINE_EXCEEDED
+  # in RegisterTask) after initialization_timeout_s, raising nothing to add this to.
+  logging.info("Joining a multi-process job (%s); waiting up to "
+               "config.distributed.initialization_timeout_s=%d s for all.",
+               where, wait["initialization_timeout_s"])
+  try:
+    jax.distributed.initialize(
+        job.coordinator_address, job.num_processes, job.process_id,
+        cluster_detection_method=detection,
+        initialization_timeout=wait["initialization_timeout_s"],
+        heartbeat_timeout_seconds=wait["heartbeat_timeout_s"],
+        shutdown_timeout_seconds=wait["shutdown_timeout_s"])
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(f"could not join the multi-process job ({where}): {e}") from e
+  logging.info("Process %d of %d joined.", jax.process_index(), jax.process_count())
+  return job
+
+
+def barrier(name: str) -> None:
+  """Returns once every process has called it with this `name`; nothing to wait
+  for with one process."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
+
+
+def process_0_first(fn, name: str):
+  """fn() in process 0, then in the others once process 0 has returned: what
+  process 0 prepares and writes into a shared directory (a TFDS dataset, the
+  vocabulary), the others load instead of preparing it at the same time."""
+  if jax.process_index() == 0:
+    result = fn()
+    barrier(name)
+    return result
+  barrier(name)
+  return fn()
+
+
+@contextlib.contextmanager
+def exit_at_once_on_error():
+  """In a multi-process job, a process that fails prints the error and exits at
+  once, status 1: a normal exit would first wait for the others at JAX's
+  shutdown barrier (up to shutdown_timeout_s), while they wait for it in a
+  collective. Its death then ends them within heartbeat_timeout_s."""
+  try:
+    yield
+  except (Exception, KeyboardInterrupt):  # pylint: disable=broad-except
+    if not jax.distributed.is_initialized() or jax.process_count() == 1:
+      raise
+    sys.stderr.write(f"process {jax.process_index()} of {jax.process_count()} failed:\n"
+                     + traceback.format_exc())
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)  # pylint: disable=protected-access

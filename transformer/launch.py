@@ -1,0 +1,217 @@
+"""Runs a command as an N-process JAX job on this machine: multi-process code
+tried and tested without a cluster.
+
+  python -m transformer.launch --processes 2 --devices_per_process 2 -- \\
+      train.py --config configs/default.py --workdir runs/default_mp
+
+Process i gets JAX_COORDINATOR_ADDRESS=127.0.0.1:<a free port>,
+JAX_NUM_PROCESSES=N and JAX_PROCESS_ID=i (transformer/distributed.py reads
+them) and, with --devices_per_process D, D CPU devices (XLA_FLAGS,
+JAX_PLATFORMS=cpu). A command whose first word ends in .py or is -m runs under
+this Python. Output lines come prefixed with [p<i>]; stdin is not shared (give
+translate an --input file).
+
+A job fails as a whole: once a process fails, the others get --grace_s seconds
+to end by themselves (a JAX process notices a dead peer within
+config.distributed.heartbeat_timeout_s), then are terminated. The exit status is
+then non-zero (the first failure's status, or 128 + its signal) and the last
+lines say how each process ended and which failed first. --timeout_s bounds the
+whole job the same way.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+
+from transformer import distributed
+
+_POLL_S = 0.1
+_KILL_AFTER_S = 10  # From SIGTERM to SIGKILL for a process that does not end.
+
+
+def free_port() -> int:
+  """A TCP port nothing listens on now (the OS's pick)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def process_env(environ, port, processes, index, devices_per_process=None) -> dict:
+  """`environ` plus the variables that make a process process `index` of the job."""
+  env = dict(environ, **{distributed.ADDRESS: f"127.0.0.1:{port}",
+                         distributed.COUNT: str(processes), distributed.INDEX: str(index)})
+  if devices_per_process:
+    flags_ = re.sub(r"--xla_force_host_platform_device_count=\S*", "",
+                    environ.get("XLA_FLAGS", ""))
+    env["XLA_FLAGS"] = " ".join(
+        filter(None, [flags_.strip(),
+                      f"--xla_force_host_platform_device_count={devices_per_process}"]))
+    env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def command_line(command) -> list:
+  """A .py script or -m module runs under this Python; anything else as given."""
+  if command and (command[0] == "-m" or command[0].endswith(".py")):
+    return [sys.executable] + list(command)
+  return list(command)
+
+
+def how_it_ended(returncode) -> str:
+  if returncode < 0:
+    return f"killed by {signal.Signals(-returncode).name}"
+  return f"exited with status {returncode}"
+
+
+# Linux: each child asks for SIGTERM should the launcher die (even by SIGKILL), so
+# that no process of a job is left behind; the request survives exec (train.py
+# re-executes itself). The child makes it itself before exec'ing the command, not a
+# preexec_fn: Python code between fork and exec in a threaded parent can deadlock.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit('launcher gone')\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+
+def _child_command(command) -> list:
+  if not sys.platform.startswith("linux"):
+    return command_line(command)
+  return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())] + command_line(command)
+
+
+def _pump(stream, prefix, out, lock):
+  for line in iter(stream.readline, b""):
+    with lock:
+      out.write(prefix + line.decode("utf-8", "replace"))
+      out.flush()
+  stream.close()
+
+
+def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0,
+           timeout_s=None, out=sys.stdout, environ=None) -> int:
+  """Runs `command` (a list) as processes 0..N-1 of one job; returns the exit
+  status: 0 if every process exited with 0."""
+  if processes < 1:
+    raise ValueError(f"--processes={processes} must be >= 1")
+  port = port or free_port()
+  environ = os.environ if environ is None else environ
+  lock = threading.Lock()
+
+  def say(message):
+    with lock:
+      out.write(f"[launch] {message}\n")
+      out.flush()
+
+  say(f"{processes} processes, coordinator 127.0.0.1:{port}: {' '.join(command)}")
+  children = []
+  for i in range(processes):
+    children.append(subprocess.Popen(
+        _child_command(command), env=process_env(environ, port, processes, i,
+                                                 devices_per_process),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    say(f"process {i}: pid {children[-1].pid}")
+  pumps = [threading.Thread(target=_pump, args=(c.stdout, f"[p{i}] ", out, lock),
+                            daemon=True) for i, c in enumerate(children)]
+  ended = []  # Process indices in the order they ended: which failed first.
+
+  def wait_for(i):
+    children[i].wait()
+    ended.append(i)
+
+  waiters = [threading.Thread(target=wait_for, args=(i,), daemon=True)
+             for i in range(processes)]
+  for t in pumps + waiters:
+    t.start()
+
+  stopped = []  # Processes the launcher ended.
+  stop_reason = []  # (why, exit status) when the launcher ends the job itself.
+
+  def on_signal(signum, _):
+    stop_reason.append((f"the launcher got {signal.Signals(signum).name}", 128 + signum))
+
+  previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+  start, first_failure, deadline = time.monotonic(), None, None
+  try:
+    while any(c.poll() is None for c in children):
+      now = time.monotonic()
+      if first_failure is None:
+        failed = [i for i in list(ended) if children[i].returncode != 0]
+        if failed:
+          first_failure = failed[0]
+          say(f"process {first_failure} {how_it_ended(children[first_failure].returncode)}; "
+              f"waiting up to {grace_s:g} s for the others to end")
+          deadline = now + grace_s
+      if timeout_s and now - start > timeout_s and not stop_reason:
+        stop_reason.append((f"the job ran past --timeout_s={timeout_s:g}", 124))
+      if stop_reason or (deadline is not None and now > deadline):
+        reason = (stop_reason[0][0] if stop_reason
+                  else f"{grace_s:g} s after the first failure")
+        for i, c in enumerate(children):
+          if c.poll() is None:
+            c.terminate()
+            c.send_signal(signal.SIGCONT)  # A stopped process acts on SIGTERM once continued.
+            stopped.append(i)
+        say(f"terminating processes {stopped}: {reason}")
+        for c in children:
+          try:
+            c.wait(timeout=_KILL_AFTER_S)
+          except subprocess.TimeoutExpired:
+            c.kill()
+            c.wait()
+        break
+      time.sleep(_POLL_S)
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+    for c in children:
+      if c.poll() is None:
+        c.kill()
+        c.wait()
+    for t in pumps + waiters:
+      t.join(timeout=5)
+
+  codes = [c.returncode for c in children]
+  for i, code in enumerate(codes):
+    note = " (by the launcher)" if i in stopped else ""
+    say(f"process {i}: {how_it_ended(code)}{note}")
+  if first_failure is None:
+    failed = [i for i in ended if codes[i] != 0 and i not in stopped]
+    first_failure = failed[0] if failed else None
+  if first_failure is not None:
+    code = codes[first_failure]
+    say(f"failed: process {first_failure} {how_it_ended(code)} first")
+    return code if code > 0 else 128 - code
+  if stop_reason:
+    say(f"failed: {stop_reason[0][0]}")
+    return stop_reason[0][1]
+  return 0
+
+
+_PROCESSES = flags.DEFINE_integer("processes", 2, "Processes in the job.", lower_bound=1)
+_DEVICES = flags.DEFINE_integer("devices_per_process", None, "CPU devices each process "
+                                "gets; unset: the platform's own devices.", lower_bound=1)
+_PORT = flags.DEFINE_integer("port", None, "Coordinator port; default: a free one.")
+_GRACE = flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to end by themselves "
+                            "once a process has failed.", lower_bound=0.0)
+_TIMEOUT = flags.DEFINE_float("timeout_s", None, "Terminate the job after this many "
+                              "seconds; unset: no limit.", lower_bound=0.0)
+
+
+def main(argv):
+  if len(argv) < 2:
+    raise app.UsageError("no command: python -m transformer.launch [flags] -- COMMAND ...")
+  sys.exit(launch(argv[1:], _PROCESSES.value, _DEVICES.value, _PORT.value, _GRACE.value,
+                  _TIMEOUT.value))
+
+
+if __name__ == "__main__":
+  app.run(main)
