@@ -1,4 +1,7 @@
-"""Test-wide JAX settings.
+"""Test-wide JAX settings, and the `long` marker.
+
+Tests marked `long` (minutes each: further multi-process jobs) run only with
+`python -m pytest tests --long`; the fast suite covers the same code paths once.
 
 Implicit rank promotion is an error (it hides shape bugs). Compiled programs are
 cached on disk for the session, so the many tiny training runs of the tests
@@ -6,6 +9,8 @@ that share shapes compile once.
 """
 import os
 import tempfile
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -17,3 +22,21 @@ jax.config.update("jax_compilation_cache_dir",
                                                                 "transformer-test-jax-cache")))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_addoption(parser):
+  parser.addoption("--long", action="store_true",
+                   help="also run the tests marked long (minutes each)")
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "long: minutes-long end-to-end checks; run with --long")
+
+
+def pytest_collection_modifyitems(config, items):
+  if config.getoption("--long"):
+    return
+  skip = pytest.mark.skip(reason="long: run with python -m pytest tests --long")
+  for item in items:
+    if "long" in item.keywords:
+      item.add_marker(skip)

@@ -138,6 +138,7 @@ def test_two_processes_train_as_one(data_dir, runs):
   assert len(runs["events"]) == 1  # TensorBoard: process 0 alone writes events.
 
 
+@pytest.mark.long
 def test_two_processes_train_as_one_with_fsdp(data_dir, tmp_path):
   """The same with parameters and optimizer state split over the 4 devices."""
   config = get_config(data_dir)
@@ -168,6 +169,7 @@ def test_checkpoint_of_two_processes_resumes_in_one(data_dir, runs, tmp_path):
   assert_params_close(a, b)
 
 
+@pytest.mark.long
 def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
   """python -m transformer.evaluate in 2 processes: one JSON and one hypotheses
   file, written and announced by process 0, with the 1-process numbers, batches
@@ -250,6 +252,7 @@ def test_a_killed_process_ends_the_job_promptly(data_dir, tmp_path):
   assert ended_after < heartbeat + 20, ended_after
 
 
+@pytest.mark.long
 def test_a_hung_process_ends_the_job_within_the_heartbeat_timeout(data_dir, tmp_path):
   """A process that stops (SIGSTOP: alive, sockets open, silent) leaves process 0
   waiting in a collective; JAX's coordination service misses its heartbeats for
