@@ -251,20 +251,25 @@ class Decoder(nn.Module):
                     name="logits")(y_BxTxD).astype(jnp.float32)
 
 
+def embeddings(cfg: ModelConfig):
+  """(source, target) Embed modules, one shared matrix when cfg.share_embeddings
+  (3.4). Called from a model's setup, which they then belong to."""
+  if cfg.share_embeddings:
+    shared = Embed(cfg, cfg.input_vocab_size, name="shared_embedding")
+    return shared, shared
+  return (Embed(cfg, cfg.input_vocab_size, name="source_embedding"),
+          Embed(cfg, cfg.output_vocab_size, name="target_embedding"))
+
+
 class Transformer(nn.Module):
   """Encoder-decoder Transformer with separate `encode` and `decode` entry points."""
 
   config: ModelConfig
 
   def setup(self):
-    cfg = self.config
-    if cfg.share_embeddings:
-      source_embed = target_embed = Embed(cfg, cfg.input_vocab_size, name="shared_embedding")
-    else:
-      source_embed = Embed(cfg, cfg.input_vocab_size, name="source_embedding")
-      target_embed = Embed(cfg, cfg.output_vocab_size, name="target_embedding")
-    self.encoder = Encoder(cfg, source_embed)
-    self.decoder = Decoder(cfg, target_embed)
+    source_embed, target_embed = embeddings(self.config)
+    self.encoder = Encoder(self.config, source_embed)
+    self.decoder = Decoder(self.config, target_embed)
 
   def encode(self, inputs_BxS, inputs_segmentation=None, inputs_position=None, *,
              deterministic: bool = True):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from transformer import decode
 from transformer.config import ModelConfig
-from transformer.model import Embed, shift_right
+from transformer.model import embeddings, shift_right
 
 Array = jax.Array
 
@@ -182,14 +182,9 @@ class RNNEncoderDecoder(nn.Module):
   config: ModelConfig
 
   def setup(self):
-    cfg = self.config
-    if cfg.share_embeddings:
-      source_embed = target_embed = Embed(cfg, cfg.input_vocab_size, name="shared_embedding")
-    else:
-      source_embed = Embed(cfg, cfg.input_vocab_size, name="source_embedding")
-      target_embed = Embed(cfg, cfg.output_vocab_size, name="target_embedding")
-    self.encoder = RNNEncoder(cfg, source_embed)
-    self.decoder = RNNDecoder(cfg, target_embed)
+    source_embed, target_embed = embeddings(self.config)
+    self.encoder = RNNEncoder(self.config, source_embed)
+    self.decoder = RNNDecoder(self.config, target_embed)
 
   def encode(self, inputs_BxS, *, deterministic: bool = True):
     """[B, S] source ids -> [B, S, D] annotations."""
