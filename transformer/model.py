@@ -302,16 +302,10 @@ class Transformer(nn.Module):
                        deterministic=deterministic)
 
 
-@dataclasses.dataclass(frozen=True)
-class TransformerDecoding(decode.DecodingModel):
-  """The decoding contract (transformer.decode.DecodingModel) for a Transformer.
-
-  Context: the encoder output, the source ids (the cross-attention mask) and
-  every decoder layer's cross-attention keys/values. Cache: every decoder layer's
-  self-attention keys/values, [N, H, steps, K] (attention.py), and the decoder's
-  shared step counter.
-  """
-  model: Transformer
+class ModuleDecoding(decode.DecodingModel):
+  """What every Flax model's decoding contract shares: the special ids and length
+  from its ModelConfig, and its `encode` method. Subclasses are frozen
+  dataclasses with a `model` field."""
 
   pad_id = property(lambda self: self.model.config.pad_id)
   bos_id = property(lambda self: self.model.config.bos_id)
@@ -320,6 +314,18 @@ class TransformerDecoding(decode.DecodingModel):
 
   def encode(self, params, inputs_BxS):
     return self.model.apply({"params": params}, inputs_BxS, method="encode")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerDecoding(ModuleDecoding):
+  """The decoding contract (transformer.decode.DecodingModel) for a Transformer.
+
+  Context: the encoder output, the source ids (the cross-attention mask) and
+  every decoder layer's cross-attention keys/values. Cache: every decoder layer's
+  self-attention keys/values, [N, H, steps, K] (attention.py), and the decoder's
+  shared step counter.
+  """
+  model: Transformer
 
   def init_state(self, params, encoded_BxSxD, inputs_BxS, cache_len):
     # `decode` in decode mode without a cache, on dummy [B, cache_len] inputs,

@@ -15,9 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer import decode
 from transformer.config import ModelConfig
-from transformer.model import embeddings, shift_right
+from transformer.model import ModuleDecoding, embeddings, shift_right
 
 Array = jax.Array
 
@@ -217,7 +216,7 @@ class RNNEncoderDecoder(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class RNNDecoding(decode.DecodingModel):
+class RNNDecoding(ModuleDecoding):
   """The decoding contract (transformer.decode.DecodingModel) for the RNN.
 
   Context: the annotations, their attention keys and the source mask, computed
@@ -226,14 +225,6 @@ class RNNDecoding(decode.DecodingModel):
   reorders it row by row like any cache.
   """
   model: RNNEncoderDecoder
-
-  pad_id = property(lambda self: self.model.config.pad_id)
-  bos_id = property(lambda self: self.model.config.bos_id)
-  eos_id = property(lambda self: self.model.config.eos_id)
-  max_len = property(lambda self: self.model.config.max_len)
-
-  def encode(self, params, inputs_BxS):
-    return self.model.apply({"params": params}, inputs_BxS, method="encode")
 
   def init_state(self, params, encoded_BxSxD, inputs_BxS, cache_len):
     del cache_len
