@@ -199,8 +199,8 @@ def _check_finite(step, metrics_list, checkpointer):
       raise FloatingPointError(
           f"training {bad[0].replace('_', ' ')} is {m[bad[0]]} at step "
           f"{step - len(metrics_list) + i + 1}; stopping. The last good checkpoint is step "
-          f"{last} in {checkpointer.directory} (lower optim.learning_rate_scale or set "
-          "optim.grad_clip_norm).")
+          f"{last} in {checkpointer.directory} (lower optim.learning_rate_scale, or set "
+          "optim.grad_clip_norm in a new workdir: clipping changes the optimizer state).")
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
