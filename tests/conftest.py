@@ -31,6 +31,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "long: minutes-long end-to-end checks; run with --long")
+  # ml_collections loads config files with importlib's deprecated load_module.
+  config.addinivalue_line("filterwarnings", "ignore:the load_module:DeprecationWarning")
 
 
 def pytest_collection_modifyitems(config, items):
