@@ -23,7 +23,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, distributed, lock, runtime
+from transformer import checkpoints, distributed, lock
 from transformer import workdir as workdir_lib
 
 SUMMARY = "averaged.json"
@@ -130,10 +130,7 @@ def _average(workdir, last, mesh):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  runtime.quiet_library_logs()
-  runtime.use_compilation_cache()
-  with runtime.one_line_errors("average_checkpoints"), distributed.exit_at_once_on_error():
-    distributed.maybe_initialize(workdir_lib.distributed_settings(flags.FLAGS.workdir))
+  with workdir_lib.command("average_checkpoints", flags.FLAGS.workdir):
     step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
   if jax.process_index() == 0:
     print(f"averaged steps {chosen} into checkpoints_averaged/{step}")

@@ -113,11 +113,8 @@ def define_decode_flags(modes, default_mode):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  runtime.quiet_library_logs()
-  runtime.use_compilation_cache()
   f = flags.FLAGS
-  with runtime.one_line_errors("evaluate"), distributed.exit_at_once_on_error():
-    distributed.maybe_initialize(workdir_lib.distributed_settings(f.workdir))
+  with workdir_lib.command("evaluate", f.workdir):
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
                        f.max_extra_len, f.limit, f.tokens_per_batch)
   if jax.process_index() == 0:

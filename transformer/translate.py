@@ -34,7 +34,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import distributed, evaluate, inference, plots, runtime
+from transformer import evaluate, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import tokenizer as tokenizer_lib
@@ -189,11 +189,8 @@ def main(argv):
   # logs a dozen per restore); --verbosity=0 brings them back.
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  runtime.quiet_library_logs()
-  runtime.use_compilation_cache()
   f = flags.FLAGS
-  with runtime.one_line_errors("translate"), distributed.exit_at_once_on_error():
-    distributed.maybe_initialize(workdir_lib.distributed_settings(f.workdir))
+  with workdir_lib.command("translate", f.workdir):
     run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
         f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
         f.tokens_per_batch, f.chunk_lines, collect=False)

@@ -6,6 +6,7 @@ Checkpoints are chosen by name: 'latest' (default), a step number, 'best' (the
 best validation score, see training) or 'averaged' (average_checkpoints).
 """
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -15,7 +16,7 @@ from typing import Any
 from absl import logging
 import ml_collections
 
-from transformer import checkpoints, runtime, sharding, state as state_lib
+from transformer import checkpoints, distributed, runtime, sharding, state as state_lib
 from transformer import config as config_lib
 from transformer.data import tokenizer as tokenizer_lib
 
@@ -77,6 +78,19 @@ def distributed_settings(workdir: str):
     return load_config(workdir).get("distributed")
   except FileNotFoundError:  # The command itself reports the missing workdir.
     return None
+
+
+@contextlib.contextmanager
+def command(name: str, workdir: str):
+  """The set-up of a command on a trained workdir (evaluate, translate,
+  average_checkpoints): quiet library logs and the compilation cache; bad input
+  stopping it in one line; in a multi-process job, joining the job with the
+  workdir's timeouts, a failing process exiting at once."""
+  runtime.quiet_library_logs()
+  runtime.use_compilation_cache()
+  with runtime.one_line_errors(name), distributed.exit_at_once_on_error():
+    distributed.maybe_initialize(distributed_settings(workdir))
+    yield
 
 
 def load_tokenizer(workdir: str, config) -> tokenizer_lib.Tokenizer:
