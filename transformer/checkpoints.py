@@ -29,6 +29,15 @@ class CheckpointSaveError(runtime.CommandError):
   """A checkpoint could not be written; the older ones are intact."""
 
 
+def complete_steps(directory: str) -> list:
+  """The steps whose checkpoint directories are complete in `directory` (Orbax
+  renames a step's directory into place only once it is written), read from the
+  directory alone: no CheckpointManager, and [] where there is no directory."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
 def _abstract(tree, shardings):
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
@@ -92,7 +101,7 @@ class Checkpointer:
 
   def _save_error(self, step, error) -> CheckpointSaveError:
     self._failed = True
-    good = [int(n) for n in os.listdir(self.directory) if n.isdigit() and int(n) != step]
+    good = [n for n in complete_steps(self.directory) if n != step]
     last = (f"the last good checkpoint is step {max(good)}, which a rerun resumes from"
             if good else "there is no earlier checkpoint")
     return CheckpointSaveError(f"checkpoint {step} could not be written to {self.directory}: "

@@ -12,7 +12,8 @@ from absl import logging
 TMP_INFIX = ".tmp"  # NAME.tmp<pid>: a temporary of the process <pid>.
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+  """Whether a process of this host has that pid (another user's included)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
@@ -29,7 +30,7 @@ def remove_dead_temporaries(directory: str) -> None:
   a live process's temporaries (an evaluation writing its results) are kept."""
   for name in os.listdir(directory):
     found = re.fullmatch(r".+" + re.escape(TMP_INFIX) + r"(\d+)", name)
-    if not found or _pid_alive(int(found.group(1))):
+    if not found or pid_alive(int(found.group(1))):
       continue
     path = os.path.join(directory, name)
     logging.warning("Removing %s, left by a process killed while writing it.", path)

@@ -50,13 +50,8 @@ def _process_start(pid):
 
 
 def _pid_alive(pid, start=None) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # Alive, another user's.
-    return True
-  return start is None or _process_start(pid) in (None, start)
+  """Alive, and (where its start time was recorded) not a later process given the pid."""
+  return files.pid_alive(pid) and (start is None or _process_start(pid) in (None, start))
 
 
 def describe(owner) -> str:

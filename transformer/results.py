@@ -22,7 +22,7 @@ from typing import Optional
 
 import jax
 
-from transformer import files, metrics as metrics_lib, summary
+from transformer import checkpoints, files, metrics as metrics_lib, summary
 from transformer import workdir as workdir_lib
 from transformer.config import model_config
 
@@ -53,10 +53,8 @@ def write_status(variant_dir: str, status: dict) -> None:
 
 def latest_step(variant_dir: str) -> Optional[int]:
   """The newest checkpoint's step: how far training got."""
-  directory = os.path.join(variant_dir, "checkpoints")
-  if not os.path.isdir(directory):
-    return None
-  return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=None)
+  steps = checkpoints.complete_steps(os.path.join(variant_dir, "checkpoints"))
+  return steps[-1] if steps else None
 
 
 def last_scalars(variant_dir: str, tags) -> dict:
