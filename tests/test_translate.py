@@ -62,10 +62,10 @@ def test_only_empty_input(restored):
   assert _translate(restored, [], mode="greedy") == []
 
 
-def test_read_lines_keeps_count_and_survives_bad_bytes(tmp_path):
+def test_iter_lines_keeps_count_and_survives_bad_bytes(tmp_path):
   path = tmp_path / "in.txt"
   path.write_bytes(b"walk\r\n\nlook \xff left\nx\xe2\x80\xa8y\n")
-  assert translate.read_lines(str(path)) == ["walk", "", "look \ufffd left", "x\u2028y"]
+  assert list(translate.iter_lines(str(path))) == ["walk", "", "look \ufffd left", "x\u2028y"]
 
 
 def test_run_samples_into_a_file_and_plots_attention(workdir, tmp_path):

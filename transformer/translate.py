@@ -64,11 +64,6 @@ def iter_lines(path):
       stream.close()
 
 
-def read_lines(path):
-  """All of iter_lines(path)."""
-  return list(iter_lines(path))
-
-
 def encode_lines(lines, tokenizer, max_length, first_line=1):
   """(examples, line indices) of the non-empty lines; sources end in EOS and are
   cut to `max_length` tokens, with a warning on stderr naming the line (lines
