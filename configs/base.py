@@ -77,6 +77,10 @@ def get_config():
   # tensor2tensor and fairseq put eps / (V - 1) on the other classes instead.
   train.label_smoothing = 0.1
   train.grad_accum_steps = 1  # Micro-batches summed into one update.
+  # Device mesh: the batch is split over 'data'; attention heads and FFN hidden units
+  # over 'model' (tensor parallelism, transformer/sharding.py). -1: the remaining
+  # devices. The model axis must divide model.num_heads and model.d_ff, and fit in a host.
+  train.mesh = "data=-1,model=1"
   train.fsdp = False  # Also shard parameters and optimizer state over the data axis.
   train.log_every = 100  # Steps between console/TensorBoard training metrics.
   train.eval_every = 5000  # Steps between evaluations on data.eval_split.

@@ -1,7 +1,7 @@
 """Run by tests/test_training.py with 8 fake CPU devices (XLA_FLAGS must be set
 before JAX starts, hence a separate process): training steps on a mesh of 8
-devices, replicated and FSDP, equal the same steps on one device, and greedy and
-beam decoding with FSDP-sharded parameters equal decoding on one device.
+devices (data parallel, FSDP, and data=2 x model=4 tensor parallel with FSDP) equal the same steps on one device, and greedy and beam decoding
+with FSDP- and tensor-parallel-sharded parameters equal decoding on one device.
 
 Tolerance: the 8-way step sums per-device partial gradients in another order
 than the single device does, so float32 round-off differs (~1e-7 relative, and
@@ -24,11 +24,17 @@ from transformer import inference, sharding, state as state_lib, training
 STEPS = 4
 
 
-def config_for(fsdp):
+# Tensor parallel runs with FSDP: both axes split the parameters at once.
+MESHES = (("data=8,model=1", False), ("data=8,model=1", True), ("data=2,model=4", True))
+
+
+def config_for(fsdp, mesh="data=-1,model=1"):
   config = tiny_experiment("/tmp/unused")
   config.train.fsdp = fsdp
+  config.train.mesh = mesh
   config.model.d_model = 128  # Big enough that FSDP really splits leaves.
   config.model.d_ff = 256
+  config.model.num_heads = 4  # The model axis splits whole heads.
   config.optim.adam_eps = 1e-3  # See test_training.ADAM_EPS_NOTE.
   return config
 
@@ -41,9 +47,9 @@ def batches():
     yield {"inputs": rng.integers(4, 24, size=(16, 10)).astype(np.int32), "targets": targets}
 
 
-def train(devices, fsdp):
-  config = config_for(fsdp)
-  mesh = sharding.make_mesh(devices)
+def train(devices, fsdp, spec="data=-1,model=1"):
+  config = config_for(fsdp, spec)
+  mesh = sharding.make_mesh(devices, spec)
   model, tx, _, shardings, _ = state_lib.build(config, 24, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
   train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
@@ -67,26 +73,32 @@ def decode_all(model, params, config, mesh):
 def main():
   assert jax.device_count() == 8, jax.devices()
   model, single, m_single, _ = train(jax.devices()[:1], fsdp=False)
-  for fsdp in (False, True):
-    _, state, metrics, specs = train(jax.devices(), fsdp)
-    if fsdp:
-      assert any(sharding.DATA_AXIS in tuple(s) for s in specs), "FSDP split nothing"
+  for spec, fsdp in MESHES:
+    _, state, metrics, specs = train(jax.devices(), fsdp, spec)
+    split = {axis for s in specs for axis in tuple(s) if axis}
+    want_split = ({sharding.DATA_AXIS} if fsdp else set()) | (
+        {sharding.MODEL_AXIS} if "model=4" in spec else set())
+    assert split == want_split, (spec, fsdp, split)
     for step, (m, want) in enumerate(zip(metrics, m_single), start=1):
       for key in ("loss", "grad_norm", "update_norm", "tokens"):
-        np.testing.assert_allclose(m[key], want[key], rtol=1e-5, err_msg=f"step {step} {key}")
+        np.testing.assert_allclose(m[key], want[key], rtol=1e-5,
+                                   err_msg=f"{spec} fsdp={fsdp} step {step} {key}")
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(single.params)):
       np.testing.assert_allclose(a, b, atol=1e-5)
-  print(f"sharded == single-device over {STEPS} steps: replicated, fsdp")
+  print(f"sharded == single-device over {STEPS} steps: " + ", ".join(
+      f"{spec}{' fsdp' * fsdp}" for spec, fsdp in MESHES))
 
-  # Decoding with the single-device parameters placed FSDP-style over 8 devices.
-  config = config_for(fsdp=True)
-  mesh = sharding.make_mesh()
-  _, _, abstract, shardings, _ = state_lib.build(config, 24, mesh)
-  params = jax.device_put(jax.device_get(single.params), shardings.params)
-  assert any(sharding.DATA_AXIS in tuple(x.sharding.spec) for x in jax.tree.leaves(params))
-  one = decode_all(model, single.params, config, sharding.make_mesh(jax.devices()[:1]))
-  assert decode_all(model, params, config, mesh) == one
-  print("decoding with FSDP-sharded parameters == single-device: greedy, beam")
+  # Decoding with the single-device parameters placed over 8 devices.
+  one = decode_all(model, single.params, config_for(False),
+                   sharding.make_mesh(jax.devices()[:1]))
+  for spec in ("data=8,model=1", "data=2,model=4"):
+    config = config_for(True, spec)
+    mesh = sharding.make_mesh(spec=spec)
+    _, _, _, shardings, _ = state_lib.build(config, 24, mesh)
+    params = jax.device_put(jax.device_get(single.params), shardings.params)
+    assert decode_all(model, params, config, mesh) == one, spec
+  print("decoding with FSDP- and tensor-parallel-sharded parameters == single-device: "
+        "greedy, beam")
 
 
 if __name__ == "__main__":

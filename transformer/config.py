@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from transformer.sharding import parse_mesh
+
 # The ids every vocabulary reserves: the tokenizer trains them in at these places,
 # the data pipeline pads with PAD and ends examples with EOS, the decoder starts
 # from BOS and stops at EOS.
@@ -203,6 +205,11 @@ def check_config(config) -> None:
   check(not (config.data.batching == "pack"
              and config.model.get("architecture", "transformer") == "rnn"), "data.batching",
         "config.model.architecture='rnn' does not support packed rows; use 'bucket'")
+  mesh = parse_mesh(config.train.get("mesh", "data=-1,model=1"))
+  if config.model.get("architecture", "transformer") == "transformer":
+    for field in ("num_heads", "d_ff"):  # The model axis splits heads and hidden units.
+      check(mesh["model"] == -1 or config.model[field] % mesh["model"] == 0, "train.mesh",
+            f"the model axis ({mesh['model']}) must divide model.{field}={config.model[field]}")
   model_config(config)  # The model fields check themselves.
 
 

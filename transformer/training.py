@@ -126,7 +126,7 @@ def load_data(config, workdir, mesh):
   the others load what it wrote instead of writing the same files at once."""
   return distributed.process_0_first(lambda: data_lib.get_train_and_eval(
       config.data, workdir=workdir, seed=config.seed,
-      batch_multiple=mesh.size * config.train.grad_accum_steps,
+      batch_multiple=sharding.data_size(mesh) * config.train.grad_accum_steps,
       shard_index=jax.process_index(), shard_count=jax.process_count()), "load_data")
 
 
@@ -218,7 +218,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def _train_and_evaluate(config, workdir: str) -> dict:
-  mesh = sharding.make_mesh()
+  mesh = sharding.make_mesh(spec=config.train.mesh)
   logging.info("Devices: %d (%s) over %d host(s); mesh %s", jax.device_count(),
                jax.devices()[0].platform, jax.process_count(), dict(mesh.shape))
 

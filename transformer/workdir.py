@@ -135,7 +135,7 @@ class Opened:
 def open_workdir(workdir: str, mesh=None) -> Opened:
   config = load_config(workdir)
   tokenizer = load_tokenizer(workdir, config)
-  mesh = mesh or sharding.make_mesh()
+  mesh = mesh or sharding.mesh_for_reading(config.train.get("mesh", sharding.DEFAULT_MESH))
   return Opened(workdir, config, tokenizer,
                 state_lib.build(config, tokenizer.vocab_size, mesh), mesh)
 

@@ -1,0 +1,65 @@
+"""The mesh spec and the partition rules (the 8-device equality checks are in
+tests/sharded_step_check.py, run by test_training.py)."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from transformer import sharding
+
+
+def test_mesh_spec_parses_and_fills_in_the_minus_one_axis():
+  assert sharding.parse_mesh("data=2,model=4") == {"data": 2, "model": 4}
+  assert sharding.parse_mesh("model=2, data=-1") == {"data": -1, "model": 2}
+  assert sharding.parse_mesh("data=-1") == {"data": -1, "model": 1}
+  mesh = sharding.make_mesh(spec="data=-1,model=1")
+  assert dict(mesh.shape) == {"data": jax.device_count(), "model": 1}
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("data=2,batch=4", "unknown axis 'batch'"), ("data=two", "must be an integer"),
+    ("data=-1,model=-1", "at most one axis may be -1"), ("data=0", "must be positive"),
+    ("data=1,data=2", "given twice")])
+def test_a_bad_mesh_spec_is_refused_naming_the_field(spec, message):
+  with pytest.raises(ValueError, match=rf"config.train.mesh='{spec}': .*{message}"):
+    sharding.parse_mesh(spec)
+
+
+def test_a_mesh_larger_than_the_job_is_refused():
+  with pytest.raises(ValueError, match=r"config.train.mesh='data=1,model=64' needs a multiple of 64 devices; this job has 1"):
+    sharding.make_mesh(spec="data=1,model=64")
+
+
+def test_mesh_for_reading_falls_back_to_data_parallel():
+  assert dict(sharding.mesh_for_reading("data=1,model=64").shape) == {
+      "data": jax.device_count(), "model": 1}
+
+
+@pytest.mark.parametrize("path,shape,spec", [
+    ("encoder/layer_0/self_attention/query/kernel", (128, 4, 32), P("data", "model", None)),
+    ("decoder/layer_1/cross_attention/out/kernel", (4, 32, 128), P("model", None, "data")),
+    ("encoder/layer_0/feed_forward/inner/kernel", (128, 256), P("data", "model")),
+    ("encoder/layer_0/feed_forward/inner/bias", (256,), P("model")),
+    ("encoder/layer_0/feed_forward/outer/kernel", (256, 128), P("model", "data")),
+    ("encoder/layer_0/self_attention/score_v", (4, 32), P("model", None)),
+    ("shared_embedding/embedding", (1024, 128), P("data", None)),  # Not tensor parallel.
+    ("encoder/layer_0/feed_forward_norm/scale", (128,), P(None)),
+])
+def test_tensor_parallel_rules_split_heads_and_hidden_units(path, shape, spec):
+  assert sharding.leaf_spec(shape, 2, True, path, 4, min_size=1000) == spec
+
+
+def test_a_model_axis_that_does_not_divide_a_leaf_leaves_it_replicated():
+  assert sharding.leaf_spec((128, 6, 32), 1, False, "x/query/kernel", 4) == P(None, None, None)
+
+
+def test_optimizer_moments_are_named_and_split_as_their_parameters():
+  params = {"decoder": {"feed_forward": {"inner": {"kernel": jnp.zeros((8, 16))}}}}
+  state = (params, optax.adam(1e-3).init(params))  # Params, then Adam's mu and nu.
+  names = jax.tree.leaves(jax.tree_util.tree_map_with_path(
+      lambda p, _: sharding._path_name(p), state))
+  assert names == ["decoder/feed_forward/inner/kernel", ""] + [
+      "decoder/feed_forward/inner/kernel"] * 2  # "": Adam's step count.
+  assert [sharding.tensor_parallel_axis(n) for n in names] == [1, None, 1, 1]
