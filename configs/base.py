@@ -30,7 +30,9 @@ def get_config():
   # additive v^T tanh(W_q q + W_k k) (Bahdanau et al. 2015) | general q^T W k (Luong et al. 2015).
   model.attention_score = "scaled_dot"
   model.attention_impl = "fused"  # fused (jax.nn.dot_product_attention) | reference.
-  model.dtype = "float32"  # Compute dtype: float32 | bfloat16 (params stay float32).
+  # Compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU) | float32 | bfloat16.
+  # Parameters, softmax, logits and loss stay float32 (transformer/mixed_precision.py).
+  model.dtype = "auto"
   # transformer (this paper) | rnn: the recurrent encoder-decoder with attention it is
   # compared against (transformer/rnn.py; configs/rnn_scan.py, configs/multi30k_rnn.py).
   model.architecture = "transformer"

@@ -88,3 +88,12 @@ def test_other_forms_pass_through():
                  ).lower(x, w).as_text()
   assert "HIGHEST" in text and "f32" not in re.findall(
       r"stablehlo\.dot_general.*?->\s*tensor<[^>]*x(\w+)>", text)
+
+
+def test_auto_dtype_is_bfloat16_on_accelerators_and_float32_on_cpus():
+  from transformer.config import ModelConfig, resolve_dtype
+  assert [resolve_dtype("auto", b) for b in ("gpu", "tpu", "cpu")] == [
+      "bfloat16", "bfloat16", "float32"]
+  assert resolve_dtype("float32", "gpu") == "float32"  # An explicit dtype stays.
+  want = jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32
+  assert ModelConfig(dtype="auto").compute_dtype == want

@@ -9,9 +9,11 @@ D model width. Masks are boolean, True where attention is allowed, and have
 shape [B, 1, T, S] (or broadcast to it): the 1 is the head axis.
 """
 
+import functools
 import math
 from typing import Optional
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -110,11 +112,40 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_
   return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
-def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot"):
-  """The same function through jax.nn.dot_product_attention (cuDNN on a GPU)."""
+# What cuDNN's fused attention takes (jax.nn.dot_product_attention, implementation
+# 'cudnn'): 16-bit inputs, and a head size that is a multiple of 8 up to 128.
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CUDNN_MAX_HEAD_DIM = 128
+
+
+def fused_implementation(dtype, head_dim: int, backend: Optional[str] = None) -> str:
+  """'cudnn' where cuDNN's kernel serves (a GPU, 16-bit compute, a head size it
+  takes), else 'xla' (CPUs, TPUs, float32: XLA fuses those itself)."""
+  backend = backend or jax.default_backend()
+  if (backend in ("gpu", "cuda") and jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES)
+      and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM):
+    return "cudnn"
+  return "xla"
+
+
+def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
+                    implementation: Optional[str] = None):
+  """The same function through jax.nn.dot_product_attention: cuDNN's kernel on a GPU
+  (every mask we use, padding, causal or packed segments, goes in as its boolean
+  mask), XLA's otherwise, and XLA's wherever cuDNN refuses a case when the
+  program is traced (an old cuDNN, a GPU generation, a shape it lacks)."""
   assert score in SCORED_BY_FUSED, score
-  return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask,
-                                      scale=_dot_scale(score, q_BxTxHxK.shape[-1]))
+  attend = functools.partial(jax.nn.dot_product_attention, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK,
+                             mask=mask, scale=_dot_scale(score, q_BxTxHxK.shape[-1]))
+  implementation = implementation or fused_implementation(q_BxTxHxK.dtype,
+                                                          q_BxTxHxK.shape[-1])
+  if implementation == "cudnn":
+    try:
+      return attend(implementation="cudnn")
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+      logging.warning("cuDNN attention refused queries %s: %s; using XLA's",
+                      jax.typeof(q_BxTxHxK), (str(e) or type(e).__name__).splitlines()[0])
+  return attend(implementation="xla")
 
 
 def _heads_major(x_BxSxHxK):

@@ -9,6 +9,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from transformer.sharding import parse_mesh
@@ -31,9 +32,19 @@ NORM_POSITIONS = ("post", "pre")
 ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "general")
 ATTENTION_IMPLEMENTATIONS = ("fused", "reference")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# model.dtype "auto": bfloat16 where the matrix units run it at full rate, float32 on
+# CPUs (XLA's CPU bfloat16 dots are no faster, and round more).
+AUTO_DTYPE = {"gpu": "bfloat16", "cuda": "bfloat16", "rocm": "bfloat16", "tpu": "bfloat16"}
 ARCHITECTURES = ("transformer", "rnn")  # model.architecture; rnn: transformer/rnn.py.
 RNN_CELLS = ("gru", "lstm")
 RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
+
+
+def resolve_dtype(dtype: str, backend: str = "") -> str:
+  """model.dtype with "auto" resolved for this backend (or the one named)."""
+  if dtype != "auto":
+    return dtype
+  return AUTO_DTYPE.get(backend or jax.default_backend(), "float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +69,7 @@ class ModelConfig:
   max_len: int = 256  # Longest position the model can represent.
   attention_score: str = "scaled_dot"  # QK^T / sqrt(d_k) (3.2.1) | dot | additive | general.
   attention_impl: str = "fused"  # jax.nn.dot_product_attention, or "reference".
-  dtype: str = "float32"  # Compute dtype; parameters always stay float32.
+  dtype: str = "float32"  # Compute dtype (or "auto"); parameters always stay float32.
   # The recurrent encoder-decoders the paper compares against (transformer/rnn.py).
   # They read d_model (embeddings, decoder state; d_model / 2 per encoder direction),
   # num_layers, dropout, share_embeddings, tie_output and max_len, and none of the
@@ -101,7 +112,7 @@ class ModelConfig:
           f"must be one of {ATTENTION_SCORES}")
     check(self.attention_impl in ATTENTION_IMPLEMENTATIONS, "attention_impl",
           f"must be one of {ATTENTION_IMPLEMENTATIONS}")
-    check(self.dtype in DTYPES, "dtype", f"must be one of {tuple(DTYPES)}")
+    check(self.dtype in (*DTYPES, "auto"), "dtype", f"must be one of {(*DTYPES, 'auto')}")
     check(not self.share_embeddings or self.input_vocab_size == self.output_vocab_size,
           "share_embeddings", "a shared embedding needs input_vocab_size == "
           f"output_vocab_size (got {self.input_vocab_size} and {self.output_vocab_size})")
@@ -121,7 +132,7 @@ class ModelConfig:
 
   @property
   def compute_dtype(self) -> Any:
-    return DTYPES[self.dtype]
+    return DTYPES[resolve_dtype(self.dtype)]
 
   @classmethod
   def from_config(cls, model_config, **overrides) -> "ModelConfig":

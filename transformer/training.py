@@ -18,7 +18,7 @@ from transformer import checkpoints, data as data_lib, files, inference, lock, l
 from transformer import metrics as metrics_lib
 from transformer import distributed, preemption, sharding, state as state_lib
 from transformer import workdir as workdir_lib
-from transformer.config import check_config
+from transformer.config import check_config, resolve_dtype
 
 Array = jax.Array
 
@@ -219,8 +219,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 def _train_and_evaluate(config, workdir: str) -> dict:
   mesh = sharding.make_mesh(spec=config.train.mesh)
-  logging.info("Devices: %d (%s) over %d host(s); mesh %s", jax.device_count(),
-               jax.devices()[0].platform, jax.process_count(), dict(mesh.shape))
+  logging.info("Devices: %d (%s) over %d host(s); mesh %s; compute dtype %s",
+               jax.device_count(), jax.devices()[0].platform, jax.process_count(),
+               dict(mesh.shape), resolve_dtype(config.model.dtype))
 
   data = load_data(config, workdir, mesh)
   logging.info("Data: %s", json.dumps(data.stats))
