@@ -252,6 +252,29 @@ def test_a_killed_process_ends_the_job_promptly(data_dir, tmp_path):
   assert ended_after < heartbeat + 20, ended_after
 
 
+def test_sigterm_to_one_process_stops_the_job_after_one_step_with_a_checkpoint(
+    data_dir, runs, tmp_path):
+  """A scheduler's SIGTERM reaching process 1 alone: JAX's preemption service tells
+  process 0, both save the same step's checkpoint and exit 143; resumed in one
+  process of 4 devices, the run ends where the uninterrupted one does."""
+  workdir = tmp_path / "preempted"
+  output, _, code = stop_process_1_mid_training(data_dir, workdir, signal.SIGTERM, grace_s=60)
+  assert code == 128 + signal.SIGTERM, output[-5000:]
+  stops = dict(re.findall(r"\[(p\d)\] .*stopped by SIGTERM after step (\d+), saved", output))
+  assert sorted(stops) == ["p0", "p1"] and stops["p0"] == stops["p1"], output[-5000:]
+  for p in ("0", "1"):
+    assert f"[launch] process {p}: exited with status 143\n" in output, output[-5000:]
+  step = int(stops["p0"])
+  assert step < 12, f"stopped at {step}: past the 12-step run compared with"
+  output = train(data_dir, str(workdir), 1, "--config.train.num_steps=12")
+  assert f"Resumed from step {step}." in output
+  config = get_config(data_dir)
+  a, data_a, last = restore_params(str(workdir), config)
+  b, data_b, _ = restore_params(runs["one"], config, 12)
+  assert last == 12 and data_a == data_b
+  assert_params_close(a, b)
+
+
 @pytest.mark.long
 def test_a_hung_process_ends_the_job_within_the_heartbeat_timeout(data_dir, tmp_path):
   """A process that stops (SIGSTOP: alive, sockets open, silent) leaves process 0

@@ -25,6 +25,8 @@ from typing import Optional
 from absl import logging
 import jax
 
+from transformer import preemption
+
 ADDRESS, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 # JAX's own defaults; a config (or a workdir's config.json) without the section gets them.
 DEFAULT_TIMEOUTS = {"initialization_timeout_s": 300, "heartbeat_timeout_s": 100,
@@ -166,9 +168,13 @@ def exit_at_once_on_error():
   """In a multi-process job, a process that fails prints the error and exits at
   once, status 1: a normal exit would first wait for the others at JAX's
   shutdown barrier (up to shutdown_timeout_s), while they wait for it in a
-  collective. Its death then ends them within heartbeat_timeout_s."""
+  collective. Its death then ends them within heartbeat_timeout_s. A preemption
+  stop is no failure: every process stops after the same step, and they exit
+  together."""
   try:
     yield
+  except preemption.Preempted:
+    raise
   except (Exception, KeyboardInterrupt):  # pylint: disable=broad-except
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
       raise

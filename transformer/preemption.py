@@ -12,15 +12,22 @@ stops, and the save it interrupts is never mistaken for a checkpoint (Orbax
 writes a temporary directory and renames it when complete).
 
 Signals reach Python's main thread only, so the handlers are installed only
-there. In a multi-host run every process must receive the signal (schedulers
-signal every task of a job); one that does not would wait for the others'
-checkpoint.
+there. A multi-process job must stop every process after the same step, or the
+others would wait in that step's collectives for the one that stopped. There
+JAX's preemption service decides: jax.distributed.initialize installs its
+SIGTERM notifier, which tells every process of the job, and
+`reached_preemption_sync_point` names one step, after the newest any process
+has reached, at which all of them save and stop. A SIGTERM to one process is
+enough; a SIGINT is passed to the service as a SIGTERM to the same process.
 """
 
+import os
 import signal
 import threading
 
 from absl import logging
+import jax
+from jax.experimental import multihost_utils
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -35,16 +42,30 @@ class Preempted(Exception):
                      f"checkpoint {step} in {directory}; rerun the same command to resume")
 
 
+def _job_wide_service() -> bool:
+  """Whether this process is one of several that JAX's preemption service joins."""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return (jax.process_count() > 1
+          and distributed.global_state.preemption_sync_manager is not None)
+
+
 class StopSignals:
   """Catches SIGTERM and SIGINT between install() and restore(); `received` is
-  the first one's number (None before)."""
+  the first one's number in this process (None before); `stop_after(step)` says
+  whether training stops after `step` (called at every step)."""
 
   def __init__(self):
     self.received = None
     self._previous = {}
+    self._job_wide = False
 
   def install(self) -> "StopSignals":
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+      return self
+    self._job_wide = _job_wide_service()
+    if self._job_wide:  # SIGTERM stays with JAX's notifier.
+      self._previous = {signal.SIGINT: signal.signal(signal.SIGINT, self._handle)}
+    else:
       self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
     return self
 
@@ -53,6 +74,18 @@ class StopSignals:
     logging.warning("%s received: saving a checkpoint after the step in flight, then "
                     "stopping (send it again to stop at once).", signal.Signals(signum).name)
     self.restore()  # The second signal gets the usual behaviour.
+    if self._job_wide:
+      os.kill(os.getpid(), signal.SIGTERM)  # To JAX's notifier: every process stops.
+
+  def stop_after(self, step: int) -> bool:
+    if self._job_wide:
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self.received is not None
+
+  @property
+  def signum(self) -> int:
+    """The signal to report: this process's own, or the job's SIGTERM."""
+    return self.received or signal.SIGTERM
 
   def restore(self) -> None:
     for s, handler in self._previous.items():

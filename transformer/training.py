@@ -262,7 +262,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       state, metrics = train_fn(state, batch)
       pending.append(metrics)
       last = step == config.train.num_steps
-      stopping = signals.received is not None and not last
+      stopping = signals.stop_after(step) and not last
       saving = step % config.train.checkpoint_every == 0 or last or stopping
       logging_now = step % config.train.log_every == 0 or last
       decoding = (config.train.decode_every and not stopping
@@ -295,7 +295,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       if saving:
         checkpointer.save(step, state, data.train_batches.get_state())
       if stopping:
-        raise preemption.Preempted(signals.received, step, checkpointer.directory)
+        raise preemption.Preempted(signals.signum, step, checkpointer.directory)
   finally:
     signals.restore()
     # A stop (non-finite values, Ctrl-C, an error) waits for the saves in flight,
