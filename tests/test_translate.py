@@ -3,9 +3,11 @@ length, empty/over-long/unknown input never crashes, files and plots are written
 
 import io
 import os
+import re
 import subprocess
 import sys
 
+from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
 from tests.test_evaluate import trained_workdir
@@ -164,3 +166,44 @@ def test_command_streams_each_line_as_it_arrives(workdir):
   finally:
     process.kill()
   assert answers[1] == "\n" and all(a.endswith("\n") and a.strip() for a in answers[::2])
+
+
+def test_many_overlong_lines_are_named_ten_times_then_counted_once(workdir, tmp_path, capsys):
+  src = tmp_path / "in.txt"
+  src.write_text("look\n" + "".join(OVERLONG + "\n" for _ in range(25)) + "walk\n")
+  outputs = translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy",
+                          chunk_lines=7)
+  assert len(outputs) == 27
+  err = capsys.readouterr().err
+  named = [int(n) for n in re.findall(r"warning: line (\d+) has 80 tokens", err)]
+  assert named == list(range(2, 12))  # The first ten, across chunks of 7.
+  assert ("warning: 25 of 27 lines were longer than the source limit of 64 tokens (EOS "
+          "included) and were truncated; the first is line 2") in err
+
+
+# Lines as a file can hold them: any Unicode but the line end, control characters,
+# right-to-left text and emoji included, short and over-long.
+LINE = st.one_of(
+    st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)),
+            max_size=30),
+    st.lists(st.sampled_from(["walk", "left", "שלום", "🙂", "\u202e", "\x00", "\r", "twice"]),
+             min_size=60, max_size=90).map(" ".join))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(LINE, max_size=12))
+def test_arbitrary_unicode_gives_one_line_per_line_and_counts_the_overlong(restored, lines):
+  """With an echoing model (its output is its source), over any lines: one output
+  per input line, none holding a line end; a blank line gives ''; the lines over
+  the source limit are exactly those the warning counts."""
+  limit = translate.source_limit(restored.config)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(inference, "_COMPILED", {})
+    patch.setattr(decode, "encode_and_decode", lambda model, params, inputs, **kw: inputs)
+    overlong = translate.Overlong(limit)
+    outputs = _translate(restored, lines, mode="greedy", overlong=overlong)
+  assert len(outputs) == len(lines)
+  for line, out in zip(lines, outputs):
+    assert "\n" not in out and (out == "" if not line.strip() else True)
+  tokens = restored.tokenizer.encode_batch([line.strip() for line in lines])
+  assert overlong.count == sum(len(ids) + 1 > limit for ids in tokens)

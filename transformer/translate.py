@@ -14,8 +14,8 @@ memory stays bounded however long the input, and a killed run keeps what it
 wrote (an --output file then holds the translations of the first chunks, one
 line each). An empty line gives an empty line; a line longer than the model's
 source limit (min(model.max_len, data.max_length) tokens with EOS) is
-truncated, with a warning on stderr naming the line; unknown characters become
-the UNK token. --plot_attention draws the encoder-decoder attention of the
+truncated to it: the first 10 such lines are named in a warning each on stderr,
+and a last warning counts them all; unknown characters become the UNK token. --plot_attention draws the encoder-decoder attention of the
 first non-empty line (plots.py).
 """
 
@@ -64,18 +64,41 @@ def iter_lines(path):
       stream.close()
 
 
-def encode_lines(lines, tokenizer, max_length, first_line=1):
+class Overlong:
+  """Counts the lines cut to the source limit: the first WARN_EACH are named in a
+  warning each as they come, and `summary` gives one line for them all, so that a
+  million over-long lines do not bury stderr."""
+
+  WARN_EACH = 10
+
+  def __init__(self, limit: int):
+    self.limit, self.count, self.first = limit, 0, None
+
+  def add(self, line: int, tokens: int) -> None:
+    self.count += 1
+    self.first = self.first or line
+    if self.count <= self.WARN_EACH:
+      print(f"translate: warning: line {line} has {tokens} tokens; keeping the first "
+            f"{self.limit - 1} (the model's source limit is {self.limit} with EOS)",
+            file=sys.stderr)
+
+  def summary(self, lines: int) -> str:
+    return (f"translate: warning: {self.count} of {lines} lines were longer than the "
+            f"source limit of {self.limit} tokens (EOS included) and were truncated; the "
+            f"first is line {self.first}")
+
+
+def encode_lines(lines, tokenizer, max_length, first_line=1, overlong=None):
   """(examples, line indices) of the non-empty lines; sources end in EOS and are
-  cut to `max_length` tokens, with a warning on stderr naming the line (lines
-  counted from `first_line`)."""
+  cut to `max_length` tokens, each cut counted in `overlong` (lines numbered
+  from `first_line`)."""
+  overlong = overlong or Overlong(max_length)
   examples, kept = [], []
   for i, ids in enumerate(tokenizer.encode_batch([line.strip() for line in lines])):
     if not ids:
       continue
     if len(ids) + 1 > max_length:
-      print(f"translate: warning: line {i + first_line} has {len(ids)} tokens; keeping the first "
-            f"{max_length - 1} (the model's source limit is {max_length} with EOS)",
-            file=sys.stderr)
+      overlong.add(i + first_line, len(ids))
       ids = ids[:max_length - 1]
     src = np.array(list(ids) + [tokenizer_lib.EOS_ID], np.int32)
     examples.append((src, src[-1:]))  # The target is unused when decoding.
@@ -83,9 +106,10 @@ def encode_lines(lines, tokenizer, max_length, first_line=1):
   return examples, kept
 
 
-def translate_ids(model, params, tokenizer, config, mesh, lines, first_line=1, **decode_kw):
+def translate_ids(model, params, tokenizer, config, mesh, lines, first_line=1,
+                  overlong=None, **decode_kw):
   """Per input line, (source ids, output ids) or None for an empty line."""
-  examples, kept = encode_lines(lines, tokenizer, source_limit(config), first_line)
+  examples, kept = encode_lines(lines, tokenizer, source_limit(config), first_line, overlong)
   outputs = inference.decode_ids(model, params, examples, config, mesh, **decode_kw)
   result = [None] * len(lines)
   for i, (src, _), out in zip(kept, examples, outputs):
@@ -141,6 +165,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
       temperature=temperature, tokens_per_batch=tokens_per_batch)
   lines = iter_lines(input_path)
   outputs, count, first = [], 0, None
+  overlong = Overlong(source_limit(config))
   out = None  # Every process holds every output; the first writes them.
   if jax.process_index() == 0:
     out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")  # pylint: disable=consider-using-with
@@ -150,7 +175,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
       if not chunk:
         break
       results = translate_ids(restored.model, restored.params, restored.tokenizer, config,
-                              restored.mesh, chunk, first_line=count + 1,
+                              restored.mesh, chunk, first_line=count + 1, overlong=overlong,
                               rng=jax.random.fold_in(jax.random.key(seed), index), **decode_kw)
       texts = ["" if r is None else restored.tokenizer.decode(r[1]) for r in results]
       if out is not None:
@@ -163,6 +188,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   finally:
     if out not in (None, sys.stdout):
       out.close()
+  if overlong.count and jax.process_index() == 0:
+    print(overlong.summary(count), file=sys.stderr)
   if plot_attention:
     if first is None:
       raise ValueError("nothing to plot: every input line is empty")
