@@ -19,6 +19,7 @@ DATA = os.environ.get("MULTI30K_DIR", os.path.join(ROOT, "..", "shared", "data",
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(DATA, "train.en.gz")),
                     reason=f"Multi30k not found at {DATA}")
+@pytest.mark.long  # Trains the 8k vocabulary and scores all of val: ~40 s.
 def test_multi30k_config_trains_a_few_steps(tmp_path):
   config = multi30k.get_config()
   config.data.text_dir = DATA

@@ -84,6 +84,7 @@ def data_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("tfds"))
 
 
+@pytest.mark.long
 def test_global_batches_hold_every_example_once_as_in_one_process(data_dir, tmp_path):
   """The first process to touch the (fresh) data dir prepares SCAN and trains the
   vocabulary while the other waits; then every global batch of an epoch, gathered
@@ -118,24 +119,52 @@ def test_global_batches_hold_every_example_once_as_in_one_process(data_dir, tmp_
 
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
-  """Workdirs: `one`, 1 process x 4 devices, 12 steps (checkpoints 6 and 12);
-  `two`, 2 processes x 2 devices, 6 steps, with the events files it left."""
+  """Workdirs: `one`, 1 process x 4 devices, 12 steps with a checkpoint at each;
+  `two`, 2 processes x 2 devices stopped by a SIGTERM to process 1 once it has
+  logged step 3 (`stop`: the launcher's output and exit status)."""
   base = tmp_path_factory.mktemp("runs")
   one, two = str(base / "one"), str(base / "two")
-  train(data_dir, one, 1, "--config.train.num_steps=12")
-  train(data_dir, two, 2)
-  return {"one": one, "two": two, "events": glob.glob(os.path.join(two, "events.out.*"))}
+  train(data_dir, one, 1, "--config.train.num_steps=12", "--config.train.checkpoint_every=1",
+        "--config.train.keep_checkpoints=12")
+  output, _, code = stop_process_1_mid_training(data_dir, two, signal.SIGTERM, grace_s=60)
+  return {"one": one, "two": two, "stop": (output, code),
+          "events": glob.glob(os.path.join(two, "events.out.*"))}
 
 
 def test_two_processes_train_as_one(data_dir, runs):
-  """train.py in 2 processes x 2 devices: after 6 steps the parameters and the
-  iterator position of 1 process x 4 devices; one events file."""
+  """train.py in 2 processes x 2 devices: at the step where it stopped, the
+  parameters and the iterator position of 1 process x 4 devices; one events file."""
   config = get_config(data_dir)
-  a, data_a, step_a = restore_params(runs["two"], config)
-  b, data_b, _ = restore_params(runs["one"], config, 6)
-  assert step_a == 6 and data_a == data_b
+  a, data_a, step = restore_params(runs["two"], config)
+  b, data_b, _ = restore_params(runs["one"], config, step)
+  assert data_a == data_b
   assert_params_close(a, b)
   assert len(runs["events"]) == 1  # TensorBoard: process 0 alone writes events.
+
+
+def test_sigterm_to_one_process_stops_the_job_after_one_step_with_a_checkpoint(
+    data_dir, runs, tmp_path):
+  """A scheduler's SIGTERM reaching process 1 alone: JAX's preemption service tells
+  process 0, both save the same step's checkpoint and exit 143; the checkpoint of
+  2 processes, resumed in one process of 4 devices, ends where the uninterrupted
+  run does."""
+  output, code = runs["stop"]
+  assert code == 128 + signal.SIGTERM, output[-5000:]
+  stops = dict(re.findall(r"\[(p\d)\] .*stopped by SIGTERM after step (\d+), saved", output))
+  assert sorted(stops) == ["p0", "p1"] and stops["p0"] == stops["p1"], output[-5000:]
+  for p in ("0", "1"):
+    assert f"[launch] process {p}: exited with status 143\n" in output, output[-5000:]
+  step = int(stops["p0"])
+  assert step < 12, f"stopped at {step}: past the 12-step run compared with"
+  resumed = str(tmp_path / "resumed")
+  shutil.copytree(runs["two"], resumed)
+  output = train(data_dir, resumed, 1, "--config.train.num_steps=12")
+  assert f"Resumed from step {step}." in output
+  config = get_config(data_dir)
+  a, data_a, last = restore_params(resumed, config)
+  b, data_b, _ = restore_params(runs["one"], config, 12)
+  assert last == 12 and data_a == data_b
+  assert_params_close(a, b)
 
 
 @pytest.mark.long
@@ -152,21 +181,6 @@ def test_two_processes_train_as_one_with_fsdp(data_dir, tmp_path):
   # FSDP really splits this model over 4 devices.
   assert any(sharding.DATA_AXIS in tuple(sharding.leaf_spec(x.shape, 4, True))
              for x in jax.tree.leaves(a.params))
-
-
-def test_checkpoint_of_two_processes_resumes_in_one(data_dir, runs, tmp_path):
-  """The 2-process checkpoint (step 6) restores into 1 process x 4 devices, which
-  trains on to step 12 from the same iterator position: the uninterrupted
-  1-process run's step 12."""
-  resumed = str(tmp_path / "resumed")
-  shutil.copytree(runs["two"], resumed)
-  output = train(data_dir, resumed, 1, "--config.train.num_steps=12")
-  assert "Resumed from step 6." in output
-  config = get_config(data_dir)
-  a, data_a, step = restore_params(resumed, config)
-  b, data_b, _ = restore_params(runs["one"], config, 12)
-  assert step == 12 and data_a == data_b
-  assert_params_close(a, b)
 
 
 @pytest.mark.long
@@ -250,29 +264,6 @@ def test_a_killed_process_ends_the_job_promptly(data_dir, tmp_path):
   assert "[launch] failed: process 1 killed by SIGKILL first" in output
   heartbeat = get_config(data_dir).distributed.heartbeat_timeout_s
   assert ended_after < heartbeat + 20, ended_after
-
-
-def test_sigterm_to_one_process_stops_the_job_after_one_step_with_a_checkpoint(
-    data_dir, runs, tmp_path):
-  """A scheduler's SIGTERM reaching process 1 alone: JAX's preemption service tells
-  process 0, both save the same step's checkpoint and exit 143; resumed in one
-  process of 4 devices, the run ends where the uninterrupted one does."""
-  workdir = tmp_path / "preempted"
-  output, _, code = stop_process_1_mid_training(data_dir, workdir, signal.SIGTERM, grace_s=60)
-  assert code == 128 + signal.SIGTERM, output[-5000:]
-  stops = dict(re.findall(r"\[(p\d)\] .*stopped by SIGTERM after step (\d+), saved", output))
-  assert sorted(stops) == ["p0", "p1"] and stops["p0"] == stops["p1"], output[-5000:]
-  for p in ("0", "1"):
-    assert f"[launch] process {p}: exited with status 143\n" in output, output[-5000:]
-  step = int(stops["p0"])
-  assert step < 12, f"stopped at {step}: past the 12-step run compared with"
-  output = train(data_dir, str(workdir), 1, "--config.train.num_steps=12")
-  assert f"Resumed from step {step}." in output
-  config = get_config(data_dir)
-  a, data_a, last = restore_params(str(workdir), config)
-  b, data_b, _ = restore_params(runs["one"], config, 12)
-  assert last == 12 and data_a == data_b
-  assert_params_close(a, b)
 
 
 @pytest.mark.long
