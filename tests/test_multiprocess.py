@@ -184,6 +184,23 @@ def test_two_processes_train_as_one_with_fsdp(data_dir, tmp_path):
 
 
 @pytest.mark.long
+def test_tensor_parallel_within_each_process_trains_as_one_process(data_dir, tmp_path):
+  """--config.train.mesh=data=2,model=2 in 2 processes of 2 devices (each host
+  holds one data row of the mesh, its heads split over its own 2 devices): the
+  parameters of the same mesh in 1 process of 4 devices."""
+  config = get_config(data_dir)
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  mesh = "--config.train.mesh=data=2,model=2"
+  train(data_dir, one, 1, mesh)
+  output = train(data_dir, two, 2, mesh)
+  assert "mesh {'data': 2, 'model': 2}" in output
+  a, data_a, _ = restore_params(two, config)
+  b, data_b, _ = restore_params(one, config)
+  assert data_a == data_b
+  assert_params_close(a, b)
+
+
+@pytest.mark.long
 def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
   """python -m transformer.evaluate in 2 processes: one JSON and one hypotheses
   file, written and announced by process 0, with the 1-process numbers, batches
