@@ -12,7 +12,10 @@ batches (TrainBatches over synthetic sentence-length examples, or Multi30k with
 step (common.train_flops) and MFU against a matmul peak (in the run's --dtype) measured in the
 same run, padding of the pipeline's batches, compiled shapes and recompiles,
 page faults and CPU seconds per step, greedy (both) and beam-4 (ours) decoding
-speed. The two frameworks alternate step by step, so that other processes'
+speed. A second decoding peer with a KV cache, Hugging Face transformers'
+MarianMTModel of the same sizes with random weights (marian_bench.py), decodes
+the same sources greedily and with beam 4 where transformers is installed. The
+two frameworks alternate step by step, so that other processes'
 load (the machine may be shared) hits both alike. Both run under the
 allocator our commands use (transformer/runtime.py: tcmalloc that never
 releases memory where installed, else glibc malloc with huge pages; the script
@@ -45,11 +48,14 @@ from transformer import runtime
 
 HUGETLB = "glibc.malloc.hugetlb=1"
 PAUSE_S = 2.0  # Linux reports free pages to a VM's host after ~2 s (page_reporting).
-TARGETS = (  # (description, figure key, threshold); ratios ours/PyTorch unless stated.
-    ("training target tokens/s >= 1.5x PyTorch", "train target tokens/s", 1.5),
-    ("base MFU >= 55% of measured matmul peak", "train MFU (padded) %", 55.0),
-    ("greedy decoding tokens/s >= 5x PyTorch (no cache)", "greedy tokens/s", 5.0),
+TARGETS = (  # (description, figure key, threshold, peer): ratios ours/peer; MFU ours alone.
+    ("training target tokens/s >= 1.5x PyTorch", "train target tokens/s", 1.5, "pytorch"),
+    ("base MFU >= 55% of measured matmul peak", "train MFU (padded) %", 55.0, None),
+    ("greedy decoding tokens/s >= 5x PyTorch (no cache)", "greedy tokens/s", 5.0, "pytorch"),
+    ("greedy decoding sentences/s >= 2x Marian (KV cache)", "greedy sentences/s", 2.0, "marian"),
+    ("beam-4 decoding sentences/s >= 2x Marian (KV cache)", "beam4 sentences/s", 2.0, "marian"),
 )
+PEERS = (("pytorch", "PyTorch"), ("marian", "Marian"))  # Results key, column name.
 
 
 def measure_peak(peaks, use_torch, n, dtype):
@@ -71,11 +77,11 @@ def measure_peak(peaks, use_torch, n, dtype):
   return use_torch
 
 
-def bench_size(size, examples, *, peaks, use_torch, max_extra_len):
-  """{'ours': {...}, 'pytorch': {...}} figures of one size."""
+def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len):
+  """{'ours': {...}, 'pytorch': {...}, 'marian': {...}} figures of one size."""
   stats = common.epoch_stats(size, examples)
   batches = common.timed_batches(size, examples, size.train_steps)
-  ours, theirs = {}, {}
+  ours, theirs, marian = {}, {}, {}
   ours["data padding (target) %"] = 100 * stats["padding_target"]
   ours["data padding (source+target) %"] = 100 * stats["padding_source_target"]
   ours["data shapes per epoch"] = stats["shapes"]
@@ -114,16 +120,27 @@ def bench_size(size, examples, *, peaks, use_torch, max_extra_len):
         model, params, sources, mode=mode, beam_size=4, max_extra_len=max_extra_len)
   if use_torch:
     runs["torch greedy"] = torch_bench.decoder(trainers[1].model, sources, limits, size.dtype)
+  if use_marian:
+    from benchmarks import marian_bench  # pylint: disable=g-import-not-at-top
+    hf = marian_bench.build(size, model.config.max_len)
+    for beams, name in ((1, "greedy"), (4, "beam4")):
+      runs[f"marian {name}"] = marian_bench.Decoder(hf, sources, limits, num_beams=beams,
+                                                    dtype=size.dtype)
   times = {name: [] for name in runs}
   for _ in range(size.decode_repeats):
     for name, run in runs.items():
       times[name].append(run())
+  sides = {"torch": theirs, "marian": marian}
   for name, ts in times.items():
-    side, name = (theirs, name.split()[1]) if name.startswith("torch") else (ours, name)
+    side, name = (sides[name.split()[0]], name.split()[1]) if " " in name else (ours, name)
     side[f"{name} sentences/s"] = len(sources) / statistics.median(ts)
     side[f"{name} tokens/s"] = int(limits.sum()) / statistics.median(ts)
   ours["decode sentences x steps"] = f"{len(sources)} x {int(limits.max())}"
-  return {"ours": ours, "pytorch": theirs,
+  for name in ("greedy", "beam4"):
+    if f"marian {name}" in runs:  # What generate() really ran: the forced length.
+      marian[f"{name} steps run"] = runs[f"marian {name}"].steps
+  return {"ours": ours, "pytorch": theirs, "marian": marian,
+          "decode_limits": limits.tolist(),
           "step_s_all": {"ours": r["step_s_all"],
                          "pytorch": use_torch and trainers[1].times},
           "decode_s_all": times,
@@ -237,24 +254,32 @@ def malloc_compare(size_arg, steps, paused_steps, rounds, names):
 
 
 def print_table(results):
-  rows = []
+  rows = []  # (figure, ours, then per peer: its value and ours/it).
   for size, res in results["sizes"].items():
-    for key, value in res["ours"].items():
-      other = res["pytorch"].get(key)
-      rows.append((f"{size}: {key}", value, other, _ratio(value, other)))
+    peers = [res.get(key, {}) for key, _ in PEERS]
+    keys = list(res["ours"]) + [k for p in peers for k in p if k not in res["ours"]]
+    for key in dict.fromkeys(keys):
+      value = res["ours"].get(key)
+      rows.append((f"{size}: {key}", value,
+                   *[x for p in peers for x in (p.get(key), _ratio(value, p.get(key)))]))
   peak = results["matmul_peak_gflops"]
   dtype = results["meta"].get("dtype", "float32")
   rows.append((f"{dtype} matmul peak GFLOP/s", peak["ours"], peak["pytorch"],
-               _ratio(peak["ours"], peak["pytorch"])))
+               _ratio(peak["ours"], peak["pytorch"]), None, None))
   fmt = lambda v: ("-" if v is None else f"{v:,.3g}" if isinstance(v, float)
                    else f"{v:,}" if isinstance(v, int) else str(v))
   width = max(len(r[0]) for r in rows)
   meta = results["meta"]
   print(f"CPU: {meta.get('cpu_model') or 'unknown'} "
         f"({' '.join(meta.get('cpu_flags') or []) or 'no flags read'}), {meta['cpu_count']} cores")
-  print(f"{'figure':<{width}}  {'ours (JAX)':>14}  {'PyTorch':>14}  {'ours/PyTorch':>12}")
-  for name, a, b, r in rows:
-    print(f"{name:<{width}}  {fmt(a):>14}  {fmt(b):>14}  {fmt(r):>12}")
+  print(f"{'figure':<{width}}  {'ours (JAX)':>14}" +
+        "".join(f"  {name:>14}  {'ours/' + name:>12}" for _, name in PEERS))
+  for name, a, *peers in rows:
+    print(f"{name:<{width}}  {fmt(a):>14}" +
+          "".join(f"  {fmt(b):>14}  {fmt(r):>12}" for b, r in zip(peers[::2], peers[1::2])))
+  print("decoding: PyTorch = nn.Transformer eager, no KV cache (greedy only); Marian = "
+        f"transformers {meta.get('transformers') or '(not run)'} MarianMTModel.generate, "
+        "KV cache, random weights; each side runs the batch to its longest row limit, no EOS")
   if "malloc" in results:
     m = dict(results["malloc"])
     size = m.pop("size")
@@ -276,14 +301,14 @@ def print_table(results):
 
 def check_targets(results):
   lines = []
-  for text, key, threshold in TARGETS:
+  for text, key, threshold, peer in TARGETS:
     for size, res in results["sizes"].items():
-      if key.startswith("train MFU"):
+      if peer is None:
         if size != "base":
           continue
         value = res["ours"].get(key)
       else:
-        value = _ratio(res["ours"].get(key), res["pytorch"].get(key))
+        value = _ratio(res["ours"].get(key), res.get(peer, {}).get(key))
       if value is not None:
         met = "met" if value >= threshold else "MISSED"
         lines.append(f"target [{size}] {text}: {value:.3g} -> {met}")
@@ -303,7 +328,9 @@ def main(argv=None):
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="compute dtype of both sides (parameters stay float32; PyTorch: "
                  "torch.autocast); MFU is against the matmul peak in that dtype")
-  p.add_argument("--no_torch", action="store_true", help="our half only")
+  p.add_argument("--no_torch", action="store_true", help="no PyTorch nn.Transformer side")
+  p.add_argument("--no_marian", action="store_true",
+                 help="no Hugging Face Marian decoding peer (needs torch and transformers)")
   p.add_argument("--malloc", choices=("compare", "skip"), default="compare",
                  help="also time our step in subprocesses with/without glibc hugetlb")
   p.add_argument("--malloc_steps", type=int, default=5)
@@ -336,6 +363,14 @@ def main(argv=None):
     except ImportError as e:
       print(f"PyTorch not importable ({e}): running our half only.")
       use_torch = False
+  use_marian = not args.no_marian
+  if use_marian:
+    try:
+      from benchmarks import marian_bench  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      print(f"Marian peer skipped: transformers/torch not importable ({e}); "
+            "pip install -r requirements-bench.txt")
+      use_marian = False
 
   results = {"meta": {
       "device": str(jax.devices()[0]), "platform": platform.platform(),
@@ -345,19 +380,25 @@ def main(argv=None):
       **{k: os.environ.get(k, "") for k in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)},
       "data": args.data_dir or "synthetic", "max_extra_len": args.max_extra_len,
       "torch": use_torch and __import__("torch").__version__,
+      "transformers": use_marian and marian_bench.VERSION,
       "sizes": {s.name: dataclasses.asdict(s) for s in sizes}}}
   n = 256 if args.smoke else 2048
   # The peak is measured before and after each size's training; the best one counts
   # (on a shared machine a measurement can only come out low, never high).
   peaks = {"ours": [], "pytorch": []}
-  use_torch = measure_peak(peaks, use_torch, n, args.dtype)
+  probed, use_torch = use_torch, measure_peak(peaks, use_torch, n, args.dtype)
+  if probed and not use_torch and use_marian:
+    print("Marian peer skipped too: it runs on the same PyTorch kernels.", flush=True)
+    use_marian = False
   results["meta"]["torch"] = use_torch and results["meta"]["torch"]
+  results["meta"]["transformers"] = use_marian and results["meta"]["transformers"]
   results["sizes"] = {}
   for size in sizes:
     t0 = time.perf_counter()
     examples = (common.multi30k_examples(size, args.data_dir) if args.data_dir
                 else common.synthetic_examples(size))
     results["sizes"][size.name] = bench_size(size, examples, peaks=peaks, use_torch=use_torch,
+                                             use_marian=use_marian,
                                              max_extra_len=args.max_extra_len)
     print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
   if args.malloc == "compare":

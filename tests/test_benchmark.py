@@ -1,7 +1,8 @@
 """The benchmark's smoke mode: every figure is in the table and the JSON, and finite.
 
-No timing is asserted. The PyTorch half needs torch (requirements-bench.txt);
-without it the run covers our half and only the PyTorch checks are skipped.
+No timing is asserted. The PyTorch half needs torch (requirements-bench.txt),
+the Marian decoding peer torch and transformers; without them the run covers
+our half and only their checks are skipped.
 """
 import contextlib
 import importlib.util
@@ -9,11 +10,15 @@ import io
 import json
 import math
 
+import numpy as np
 import pytest
 
 from benchmarks import common, run
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_MARIAN = HAS_TORCH and importlib.util.find_spec("transformers") is not None
+needs_marian = pytest.mark.skipif(not HAS_MARIAN,
+                                  reason="torch or transformers not installed (requirements-bench.txt)")
 
 OURS = [
     "data padding (target) %", "data padding (source+target) %", "data shapes per epoch",
@@ -30,12 +35,14 @@ PYTORCH = [
     "train GFLOP/s", "train MFU (padded) %", "train page faults per step",
     "greedy sentences/s", "greedy tokens/s",
 ]
+MARIAN = ["greedy sentences/s", "greedy tokens/s", "beam4 sentences/s", "beam4 tokens/s"]
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
   out = tmp_path_factory.mktemp("bench") / "bench.json"
-  argv = ["--smoke", "--json", str(out)] + ([] if HAS_TORCH else ["--no_torch"])
+  argv = (["--smoke", "--json", str(out)] + ([] if HAS_TORCH else ["--no_torch"])
+          + ([] if HAS_MARIAN else ["--no_marian"]))
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
     run.main(argv)
@@ -77,10 +84,50 @@ def test_pytorch_half(smoke):
   assert res["pytorch"]["train GFLOP per step"] == res["ours"]["train GFLOP per step"]
 
 
+@needs_marian
+def test_marian_peer_decodes_every_row_to_the_forced_length(smoke):
+  results, table = smoke
+  res = results["sizes"]["smoke"]
+  _check(res["marian"], MARIAN, table)
+  assert all(res["marian"][key] > 0 for key in MARIAN)
+  assert "ours/Marian" in table
+  for key in MARIAN:  # Marian's value and ours/Marian in the row, past ours and PyTorch's.
+    row = next(line for line in table.splitlines() if line.startswith(f"smoke: {key} "))
+    assert row.split()[-2:] != ["-", "-"], row
+  # generate() ran the batch to its longest row limit, as our search does: no row stopped early.
+  assert res["marian"]["greedy steps run"] == res["marian"]["beam4 steps run"] == max(
+      res["decode_limits"])
+  assert res["ours"]["decode sentences x steps"].endswith(f" x {max(res['decode_limits'])}")
+  assert results["meta"]["transformers"]
+  for mode in ("greedy", "beam-4"):
+    assert any(line.startswith(f"target [smoke] {mode} decoding sentences/s >= 2x Marian")
+               for line in results["targets"])
+
+
+@needs_marian
+def test_marian_cached_greedy_equals_uncached():
+  """The peer's KV cache is a pure speed-up: the same ids as re-running the whole prefix."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from benchmarks import marian_bench  # pylint: disable=g-import-not-at-top
+  size = common.SIZES["smoke"]
+  model = marian_bench.build(size, max_len=64)
+  assert model.lm_head.weight is model.model.shared.weight  # Tied, as ours.
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)  # Tiny ops: other load on the cores costs threads most.
+  try:
+    src = torch.from_numpy(np.array([[5, 6, 7, 8, 3, 0], [9, 10, 11, 12, 13, 3]], np.int64))
+    cached = marian_bench.generate(model, src, 12, use_cache=True)
+    uncached = marian_bench.generate(model, src, 12, use_cache=False)
+  finally:
+    torch.set_num_threads(threads)
+  assert cached.shape == (2, 13) and marian_bench.steps_run(cached) == 12
+  assert torch.equal(cached, uncached)
+
+
 def test_bfloat16_smoke_runs_both_sides_in_bfloat16(tmp_path):
   out = tmp_path / "bench.json"
   argv = (["--smoke", "--dtype", "bfloat16", "--malloc", "skip", "--json", str(out)]
-          + ([] if HAS_TORCH else ["--no_torch"]))
+          + ([] if HAS_TORCH else ["--no_torch"]) + ([] if HAS_MARIAN else ["--no_marian"]))
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
     run.main(argv)
@@ -90,6 +137,8 @@ def test_bfloat16_smoke_runs_both_sides_in_bfloat16(tmp_path):
   _check(res["ours"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
   if HAS_TORCH:
     _check(res["pytorch"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
+  if HAS_MARIAN:  # generate() under torch.autocast to bfloat16.
+    _check(res["marian"], ["greedy tokens/s", "beam4 tokens/s"], printed.getvalue())
 
 
 def test_cpu_description_reads_model_and_matmul_flags(tmp_path):
