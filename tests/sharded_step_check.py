@@ -1,6 +1,6 @@
 """Run by tests/test_training.py with 8 fake CPU devices (XLA_FLAGS must be set
 before JAX starts, hence a separate process): training steps on a mesh of 8
-devices (data parallel, FSDP, and data=2 x model=4 tensor parallel with FSDP) equal the same steps on one device, and greedy and beam decoding
+devices (data parallel with FSDP, and data=2 x model=4 tensor parallel with FSDP) equal the same steps on one device, and greedy and beam decoding
 with FSDP- and tensor-parallel-sharded parameters equal decoding on one device.
 
 Tolerance: the 8-way step sums per-device partial gradients in another order
@@ -24,8 +24,9 @@ from transformer import inference, sharding, state as state_lib, training
 STEPS = 4
 
 
-# Tensor parallel runs with FSDP: both axes split the parameters at once.
-MESHES = (("data=8,model=1", False), ("data=8,model=1", True), ("data=2,model=4", True))
+# Data parallel with FSDP, and tensor parallel with FSDP (both axes split the
+# parameters at once); replicated data parallel is test_multiprocess.py's.
+MESHES = (("data=8,model=1", True), ("data=2,model=4", True))
 
 
 def config_for(fsdp, mesh="data=-1,model=1"):

@@ -41,15 +41,27 @@ def resumed_from(log_text):
   return int(found[-1]) if found else 0
 
 
+def test_sigterm_saves_at_the_current_step_and_resumes_exactly(tmp_path, tfds_dir, reference):
+  """SIGTERM once step 5 is logged, then a resume to the end."""
+  _stop_and_resume(tmp_path, tfds_dir, reference, ((signal.SIGTERM, 5),))
+
+
+@pytest.mark.long
 def test_sigterm_and_sigint_save_at_the_current_step_and_resume_exactly(
     tmp_path, tfds_dir, reference):
   """SIGTERM once step 5 is logged, a resume, SIGINT once step 10 is, a resume to
-  the end: each signal saves the step in flight (not one of the every-5
+  the end."""
+  _stop_and_resume(tmp_path, tfds_dir, reference, ((signal.SIGTERM, 5), (signal.SIGINT, 10)))
+
+
+def _stop_and_resume(tmp_path, tfds_dir, reference, stops):
+  """Each (signal, step) of `stops` sent once that step is logged, each stop
+  resumed: each signal saves the step in flight (not one of the every-5
   checkpoints) and exits 128 + signal; the end is the uninterrupted run's."""
   workdir, batches = str(tmp_path / "w"), str(tmp_path / "batches")
   slow = ph.command_env(FAULT_BATCH_LOG=batches, FAULT_STEP_SECONDS="0.3")
   runs = []
-  for sig, after in ((signal.SIGTERM, 5), (signal.SIGINT, 10)):
+  for sig, after in stops:
     log = str(tmp_path / f"{sig.name}.log")
     process = ph.start_train(workdir, tfds_dir, log, script=FAULT_TRAIN, env=slow)
     ph.wait_for(log, rf"\] \[{after}\] train/", process)

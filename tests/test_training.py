@@ -214,7 +214,7 @@ def test_sharded_step_equals_single_device():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "sharded_step_check.py")],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  assert ("sharded == single-device over 4 steps: data=8,model=1, data=8,model=1 fsdp, "
+  assert ("sharded == single-device over 4 steps: data=8,model=1 fsdp, "
           "data=2,model=4 fsdp") in out.stdout
   assert ("decoding with FSDP- and tensor-parallel-sharded parameters == single-device: "
           "greedy, beam") in out.stdout
