@@ -13,7 +13,8 @@ self-attention restricted to a neighbourhood of size r O(r n d), O(1), O(n/r).
 The layers here, [B, n, d] -> [B, n, d], float32, on the default JAX device:
   self-attention  multi-head (d/64 heads, as the paper's d_k = 64), with its
                   Q, K, V and output projections: 4 n d^2 more than Table 1's
-                  n^2 d, which counts the scores and the weighted sum only.
+                  n^2 d, which counts the scores and the weighted sum only;
+                  the attention itself is attention.reference_attention.
   recurrent       nn.RNN(nn.GRUCell): the gated cell of transformer/rnn.py's
                   recurrent baselines; any cell costs O(n d^2) and n steps.
   convolutional   nn.Conv, kernel k (default 3), contiguous and causal: output
@@ -45,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import common
-from transformer import runtime
+from transformer import attention, runtime
 
 PAPER = {  # Table 1: complexity per layer, sequential operations, maximum path length.
     "self-attention": ("O(n^2 d)", "O(1)", "O(1)"),
@@ -61,16 +62,8 @@ EXACT = {  # The path lengths of these layers, from input 0 to output n-1.
 }
 
 
-def dense_attention(q_BxNxHxK, k_BxNxHxK, v_BxNxHxK, mask_NxN=None):
-  """Scaled dot-product attention (3.2.1) over all n keys: n^2 scores."""
-  scores = jnp.einsum("bqhk,bshk->bhqs", q_BxNxHxK, k_BxNxHxK) / math.sqrt(q_BxNxHxK.shape[-1])
-  if mask_NxN is not None:
-    scores = jnp.where(mask_NxN[None, None], scores, jnp.finfo(scores.dtype).min)
-  return jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(scores), v_BxNxHxK)
-
-
 def local_attention(q_BxNxHxK, k_BxNxHxK, v_BxNxHxK, r):
-  """dense_attention with |i - j| <= r, in 3r scores a query: blocks of r queries
+  """attention.reference_attention with |i - j| <= r, in 3r scores a query: blocks of r queries
   (the sequence zero-padded to whole blocks) against blocks b-1, b and b+1."""
   b, n, h, dk = q_BxNxHxK.shape
   nb = -(-n // r)
@@ -101,7 +94,8 @@ class SelfAttention(nn.Module):
     d = x_BxNxD.shape[-1]
     proj = lambda name: nn.DenseGeneral((self.heads, d // self.heads), name=name)(x_BxNxD)
     q, k, v = proj("query"), proj("key"), proj("value")
-    out = local_attention(q, k, v, self.r) if self.r else dense_attention(q, k, v)
+    out = (local_attention(q, k, v, self.r) if self.r
+           else attention.reference_attention(q, k, v, None))
     return nn.DenseGeneral(d, axis=(-2, -1), name="out")(out)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import table1
+from transformer import attention
 
 N, K, R = 16, 3, 3  # The smoke run's path length n; r = 3 leaves a partial last block.
 
@@ -57,8 +58,9 @@ def test_blocked_local_attention_is_the_band_masked_dense_one(n, r):
   q, k, v = jax.random.normal(jax.random.key(0), (3, 2, n, 2, 4))
   band = jnp.abs(jnp.arange(n)[:, None] - jnp.arange(n)[None, :]) <= r
   local, banded, dense = jax.jit(lambda q, k, v: (
-      table1.local_attention(q, k, v, r), table1.dense_attention(q, k, v, band),
-      table1.dense_attention(q, k, v)))(q, k, v)
+      table1.local_attention(q, k, v, r),
+      attention.reference_attention(q, k, v, band[None, None]),
+      attention.reference_attention(q, k, v, None)))(q, k, v)
   np.testing.assert_allclose(local, banded, rtol=1e-5, atol=1e-6)
   # Where the band leaves keys out, it matters: the unmasked result differs.
   assert np.allclose(local, dense) == (r >= n - 1)
