@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from transformer.sharding import parse_mesh
+from transformer.sharding import DEFAULT_MESH, parse_mesh
 
 # The ids every vocabulary reserves: the tokenizer trains them in at these places,
 # the data pipeline pads with PAD and ends examples with EOS, the decoder starts
@@ -213,11 +213,11 @@ def check_config(config) -> None:
   for field in ("optim.weight_decay", "optim.grad_clip_norm"):
     check(value(field) >= 0, field, "must be >= 0 (0 = off)")
   # Packed rows need segment masks; a recurrence would carry its state across them.
-  check(not (config.data.batching == "pack"
-             and config.model.get("architecture", "transformer") == "rnn"), "data.batching",
+  architecture = config.model.get("architecture", "transformer")
+  check(not (config.data.batching == "pack" and architecture == "rnn"), "data.batching",
         "config.model.architecture='rnn' does not support packed rows; use 'bucket'")
-  mesh = parse_mesh(config.train.get("mesh", "data=-1,model=1"))
-  if config.model.get("architecture", "transformer") == "transformer":
+  mesh = parse_mesh(config.train.get("mesh", DEFAULT_MESH))
+  if architecture == "transformer":
     for field in ("num_heads", "d_ff"):  # The model axis splits heads and hidden units.
       check(mesh["model"] == -1 or config.model[field] % mesh["model"] == 0, "train.mesh",
             f"the model axis ({mesh['model']}) must divide model.{field}={config.model[field]}")

@@ -138,7 +138,7 @@ def _path_name(path) -> str:
 
 def state_shardings(abstract_state, mesh: Mesh, fsdp: bool):
   """NamedShardings for every leaf of a (shape-only) state pytree."""
-  data, model = mesh.shape[DATA_AXIS], mesh.shape.get(MODEL_AXIS, 1)
+  data, model = data_size(mesh), mesh.shape.get(MODEL_AXIS, 1)
   return jax.tree_util.tree_map_with_path(
       lambda path, x: NamedSharding(mesh, leaf_spec(x.shape, data, fsdp, _path_name(path),
                                                     model)), abstract_state)

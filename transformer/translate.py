@@ -15,8 +15,9 @@ wrote (an --output file then holds the translations of the first chunks, one
 line each). An empty line gives an empty line; a line longer than the model's
 source limit (min(model.max_len, data.max_length) tokens with EOS) is
 truncated to it: the first 10 such lines are named in a warning each on stderr,
-and a last warning counts them all; unknown characters become the UNK token. --plot_attention draws the encoder-decoder attention of the
-first non-empty line (plots.py).
+and a last warning counts them all; unknown characters become the UNK token.
+--plot_attention draws the encoder-decoder attention of the first non-empty
+line (plots.py).
 """
 
 if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
