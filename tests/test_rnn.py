@@ -134,6 +134,34 @@ def test_decoding_steps_equal_the_teacher_forced_pass(variant):
     np.testing.assert_array_equal(teacher[b, :n], greedy[b, :n])
 
 
+@pytest.mark.parametrize("variant", ["bahdanau", "luong_general"])  # GRU and LSTM.
+def test_bfloat16_compute_keeps_float32_parameters_and_logits(variant):
+  """model.dtype=bfloat16 (what 'auto' picks on accelerators) runs the cells, the
+  attention and the decoding steps in bfloat16 on the same float32 parameters:
+  logits come back float32 and near the float32 model's, and the gradient is finite."""
+  model, params = tiny(variant)
+  half = RNNEncoderDecoder(rnn_config(**VARIANTS[variant], dtype="bfloat16"))
+  rng = np.random.default_rng(6)
+  inputs = jnp.asarray(random_tokens(rng, [5, 3], 6, V))
+  targets = jnp.asarray(random_tokens(rng, [4, 6], 6, V))
+  logits = jitted(half)({"params": params}, inputs, targets)
+  assert logits.dtype == jnp.float32
+  full = forward(variant, inputs, targets)
+  real = np.asarray(targets) != 0
+  np.testing.assert_allclose(np.asarray(logits)[real], full[real], atol=0.05, rtol=0.05)
+
+  def loss(params):
+    return jnp.mean(half.apply({"params": params}, inputs, targets) ** 2)
+  grads = jax.jit(jax.grad(loss), **FAST)(params)
+  assert all(g.dtype == jnp.float32 and bool(jnp.isfinite(g).all())
+             for g in jax.tree.leaves(grads))
+  # The decoding state is bfloat16 and the greedy search runs on it.
+  decoding = RNNDecoding(half)
+  greedy = jax.jit(functools.partial(decode.encode_and_decode, decoding, mode="greedy",
+                                     max_extra_len=3, eos_id=V), **FAST)(params, inputs)
+  assert greedy.shape == (2, 9) and int(greedy.max()) < V
+
+
 def test_beam_size_one_equals_greedy():
   model, params = tiny("bahdanau")
   inputs = jnp.asarray(random_tokens(np.random.default_rng(3), [6, 2], 6, V))
