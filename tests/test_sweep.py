@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from tests import process_helpers
 from transformer import results, sweep as sweep_lib, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,7 +229,7 @@ TINY = ["model.num_layers=1", "model.d_model=32", "model.d_ff=64", "model.num_he
         "train.checkpoint_every=2", "train.decode_every=0"]
 
 
-def test_real_sweep_of_two_tiny_variants(tmp_path, monkeypatch):
+def test_real_sweep_of_two_tiny_variants(tmp_path, tmp_path_factory, monkeypatch):
   """train.py in a subprocess, twice (the variants differ in their seed only, so
   the second reuses the compiled programs), after a variant that fails at once;
   a rerun trains nothing but the failed one."""
@@ -238,7 +239,8 @@ def test_real_sweep_of_two_tiny_variants(tmp_path, monkeypatch):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
                      "  return [('bogus', {{'data.dataset': 'scan/bogus'}}),\n"
                      "          ('seed1', {{'seed': 1}})]\n")
-  sweep = sweep_lib.resolve(path, sets=TINY + [f"data.tfds_data_dir={tmp_path / 'tfds'}"])
+  tfds_dir = process_helpers.scan_tfds_dir(tmp_path_factory)  # Prepared once a session.
+  sweep = sweep_lib.resolve(path, sets=TINY + [f"data.tfds_data_dir={tfds_dir}"])
   workdir = str(tmp_path / "runs")
   assert sweep_lib.run_local(sweep, workdir) == {
       "base": "finished", "bogus": "failed", "seed1": "finished"}
