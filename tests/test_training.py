@@ -71,15 +71,13 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
 
 def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
   """Bitwise: the restart restores exactly the saved arrays and the data iterator
-  position, and the same compiled step runs on the same inputs on one CPU. Two
-  restarts: from a clean stop at a checkpoint, and from a stop between
-  checkpoints (at step 15; the last save is step 10), where steps 11-15 and the
-  batches they read are lost and must be redone from the step-10 position."""
-  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-  stopped = str(tmp_path / "stopped")
+  position, and the same compiled step runs on the same inputs on one CPU. The
+  run stops between checkpoints (at step 15; the last save is step 10), so steps
+  11-15 and the batches they read are lost and must be redone from the step-10
+  position. (A clean stop at the current step, and kills at random moments of
+  real processes, are test_faults.py's.)"""
+  straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
   training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), straight)
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=10, eval_every=100), resumed)
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), resumed)
 
   place_batch, placed = sharding.place_batch, []
 
@@ -98,11 +96,10 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
 
   config = tiny_experiment(data_dir)
   a, data_a, _ = restore_params(straight, config, 20)
-  for workdir in (resumed, stopped):
-    b, data_b, _ = restore_params(workdir, config, 20)
-    assert data_a == data_b
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  b, data_b, _ = restore_params(stopped, config, 20)
+  assert data_a == data_b
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_gradient_accumulation_equals_one_big_batch(data_dir):
