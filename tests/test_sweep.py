@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -169,6 +170,15 @@ def test_emitted_commands_parse_back_into_the_variants(tmp_path):
     assert out == lines[i] + "\n"
 
 
+def test_command_only_names_a_missing_variant_in_one_line(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep",
+                        write_sweep(tmp_path), "--emit", "commands", "--only", "pre,h5"],
+                       cwd=ROOT, capture_output=True, text=True, env=process_helpers.command_env())
+  assert out.returncode == 1 and out.stdout == ""
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      "sweep: error: --only: no variant 'h5' in "), out.stderr[-2000:]
+
+
 # ----------------------------------------------------------------------------
 # Running: skip finished, rerun interrupted or failed, go on after a failure.
 
@@ -214,6 +224,17 @@ def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   assert trainer.calls == ["h1", "pre"]  # Finished ones are skipped.
   assert done["base"] == "skipped" and done["h1"] == done["pre"] == "finished"
   assert results.read_status(os.path.join(workdir, "h1"))["attempts"] == 2
+
+  # --only: the named variants alone, in the sweep's order; an unknown name is an error.
+  seven = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=7"])
+  only = sweep_lib.select(seven, ["pre", "base"])
+  trainer = FakeTrainer()
+  assert sweep_lib.run_local(only, workdir, trainer) == {"base": "finished", "pre": "finished"}
+  assert trainer.calls == ["base", "pre"]
+  assert sweep_lib.commands(only, workdir) == [sweep_lib.commands(seven, workdir)[i]
+                                               for i in (0, names.index("pre"))]
+  with pytest.raises(ValueError, match=r"--only: no variant 'h5' in .*\(its variants: base, "):
+    sweep_lib.select(seven, ["h5"])
 
   # A longer budget reruns every variant (train.py resumes from its checkpoint).
   longer = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=9"])

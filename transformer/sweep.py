@@ -3,6 +3,8 @@
   python -m transformer.sweep --sweep configs/sweeps/table3.py --list
   python -m transformer.sweep --sweep configs/sweeps/table3.py --workdir runs/table3 \
       --set train.num_steps=300          # trains every variant, one after another
+  python -m transformer.sweep --sweep configs/sweeps/table3.py --workdir runs/table3 \
+      --set train.num_steps=300 --only A-h1,B-dk16   # those variants only
   python -m transformer.sweep --sweep configs/sweeps/table3.py --emit slurm > table3.sbatch
   python -m transformer.sweep --sweep configs/sweeps/table3.py --workdir runs/table3 --collect
 
@@ -164,6 +166,17 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   return sweep
 
 
+def select(sweep: Sweep, names) -> Sweep:
+  """The sweep restricted to the named variants (--only), in the sweep's order:
+  one row run again by itself, or a slow one in a job of its own."""
+  known = [v.name for v in sweep.variants]
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise ValueError(f"--only: no variant {', '.join(map(repr, unknown))} in {sweep.path} "
+                     f"(its variants: {', '.join(known)})")
+  return dataclasses.replace(sweep, variants=[v for v in sweep.variants if v.name in names])
+
+
 def train_argv(sweep: Sweep, variant: Variant, workdir: str) -> list:
   """train.py's arguments for a variant (after `python train.py`)."""
   return (["--config", sweep.base]
@@ -290,6 +303,8 @@ def define_flags():
                     "variants' workdirs; train nothing.")
   flags.DEFINE_string("checkpoint", "latest", "--collect: whose evaluate results to read "
                       "(latest, best, averaged or a step).")
+  flags.DEFINE_list("only", None, "Variants to list, run or emit (names, comma-separated); "
+                    "default all. --collect always reads them all.")
 
 
 def main(argv):
@@ -298,6 +313,8 @@ def main(argv):
   f = flags.FLAGS
   try:
     sweep = resolve(f.sweep, f.base, f.set)
+    if f.only and not f.collect:
+      sweep = select(sweep, f.only)
   except (OSError, ValueError, TypeError, flags.Error) as e:  # The message, not a traceback.
     sys.exit(f"sweep: error: {e}")
   workdir = f.workdir or default_workdir(f.sweep, f.base)
