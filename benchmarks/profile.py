@@ -33,7 +33,6 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # pylint: disable=g-import-not-at-top
-import jax.numpy as jnp
 
 from benchmarks import common
 from transformer import runtime, sharding, state as state_lib, training
