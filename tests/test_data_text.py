@@ -32,6 +32,26 @@ def test_reads_plain_and_gzip_pairs(tmp_path):
   assert sources.load_pairs(config, 'train')[1] == ('Zwei Katzen', 'Two cats')
 
 
+def test_chunks_are_read_as_asked_for(tmp_path):
+  """iter_pairs (what evaluate streams through) yields the same pairs in chunks,
+  and a bad line stops it only when its chunk is read, naming file and line."""
+  _write(tmp_path / 'test.en', ''.join(f'line {i}\n' for i in range(1, 6)) + '\n', gz=True)
+  _write(tmp_path / 'test.de', ''.join(f'Zeile {i}\n' for i in range(1, 7)))
+  config = ml_collections.ConfigDict({'dataset': 'parallel_text', 'text_dir': str(tmp_path),
+                                      'source_lang': 'en', 'target_lang': 'de'})
+  chunks = sources.iter_pairs(config, 'test', chunk=2)
+  assert next(chunks) == [('line 1', 'Zeile 1'), ('line 2', 'Zeile 2')]
+  assert next(chunks) == [('line 3', 'Zeile 3'), ('line 4', 'Zeile 4')]
+  with pytest.raises(ValueError, match=r'test\.en\.gz:6: empty line'):
+    next(chunks)
+  _write(tmp_path / 'val.en', 'a\nb\nc\n')
+  _write(tmp_path / 'val.de', 'A\nB\nC\n')
+  assert [len(c) for c in sources.iter_pairs(config, 'val', chunk=2)] == [2, 1]
+  assert sum(sources.iter_pairs(config, 'val', chunk=2), []) == sources.load_pairs(config, 'val')
+  with pytest.raises(ValueError, match='chunk must be >= 1'):
+    next(sources.iter_pairs(config, 'val', chunk=0))
+
+
 def test_empty_line_names_file_and_line(tmp_path):
   _write(tmp_path / 'val.en', 'one\ntwo\n \nfour\n')
   path = _write(tmp_path / 'val.de', 'eins\nzwei\ndrei\nvier\n', gz=True)

@@ -7,13 +7,15 @@ import shutil
 import subprocess
 import sys
 
+import hypothesis
+from hypothesis import strategies as st
 import numpy as np
 import pytest
 import sacrebleu
 
 from tests.helpers import tiny_experiment
 from transformer import data as data_lib
-from transformer import evaluate, metrics, results, training
+from transformer import evaluate, inference, metrics, results, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +77,32 @@ def test_exact_match_and_token_accuracy_by_hand():
                     "token_accuracy": pytest.approx(6 / 9)}
 
 
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+    pairs=st.lists(st.tuples(st.text(alphabet="ab cdA.", max_size=20),
+                             st.text(alphabet="ab cdA.", min_size=1, max_size=20)),
+                   min_size=1, max_size=30),
+    cuts=st.lists(st.integers(0, 30), max_size=4),
+    task=st.sampled_from(["scan/simple", "parallel_text"]))
+def test_scores_added_chunk_by_chunk_equal_the_corpus_scores(pairs, cuts, task):
+  """What evaluate sums chunk by chunk is what sacreBLEU (and the hand count)
+  gives for the corpus at once, wherever the chunks are cut."""
+  hyps, refs = [h for h, _ in pairs], [r for _, r in pairs]
+  scorer = metrics.Scorer(task)
+  bounds = sorted({0, len(pairs), *(min(c, len(pairs)) for c in cuts)})
+  for a, b in zip(bounds, bounds[1:]):
+    scorer.add(hyps[a:b], refs[a:b])
+  result = scorer.result()
+  assert scorer.count == len(pairs)
+  if task == "parallel_text":
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+  else:
+    exact = sum(h.split() == r.split() for h, r in zip(hyps, refs)) / len(refs)
+    assert result["exact_match"] == pytest.approx(exact)
+  assert result == metrics.score(hyps, refs, task)  # Integer counts: summed exactly.
+
+
 def test_score_rejects_mismatched_or_empty_input():
   with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
     metrics.score(["a", "b"], ["a"], "scan/simple")
@@ -121,6 +149,49 @@ def test_evaluate_writes_json_and_exact_match_matches_its_outputs(workdir):
   assert saved["metrics"]["exact_match"] == pytest.approx(exact)
   assert saved["metrics"] == pytest.approx(metrics.score(hypotheses, references, "scan"))
   assert not [n for n in os.listdir(workdir) if ".tmp" in n]  # Temporary files renamed.
+
+
+def test_evaluating_chunk_by_chunk_gives_the_same_results(workdir):
+  """--chunk_lines 7: the same hypotheses, in order, and the same scores and
+  perplexity as the split in one chunk; no .partial file is left."""
+  whole, path = evaluate.run(workdir, split="test[:40]", mode="greedy")
+  with open(whole["hypotheses_file"]) as f:
+    hypotheses = f.read()
+  chunked, _ = evaluate.run(workdir, split="test[:40]", mode="greedy", chunk_lines=7)
+  with open(chunked["hypotheses_file"]) as f:
+    assert f.read() == hypotheses
+  assert chunked["metrics"] == whole["metrics"]
+  assert chunked["num_sentences"] == whole["num_sentences"] == 40
+  assert chunked["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)
+  assert chunked["batches"] > whole["batches"]
+  assert not [n for n in os.listdir(workdir) if n.endswith(".partial")]
+  # The first 33 examples, cut inside the fifth chunk.
+  limited, _ = evaluate.run(workdir, split="test[:40]", mode="greedy", limit=33,
+                            chunk_lines=7)
+  with open(limited["hypotheses_file"]) as f:
+    assert f.read() == "".join(hypotheses.splitlines(keepends=True)[:33])
+
+
+def test_a_run_killed_between_chunks_keeps_what_it_wrote(workdir, monkeypatch):
+  """Each chunk's hypotheses are flushed before the next chunk is decoded; a
+  run that dies part-way leaves them in .txt.partial, and no .txt or .json."""
+  decode = inference.decode_examples
+  calls = []
+
+  def dies_on_the_third_chunk(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 3:
+      raise KeyboardInterrupt  # What a Ctrl-C mid-run raises.
+    return decode(*args, **kwargs)
+
+  monkeypatch.setattr(inference, "decode_examples", dies_on_the_third_chunk)
+  stem = os.path.join(workdir, evaluate.result_name("test[:30]", "latest", "greedy", 4, 0.6))
+  with pytest.raises(KeyboardInterrupt):
+    evaluate.run(workdir, split="test[:30]", mode="greedy", chunk_lines=10)
+  with open(stem + ".txt.partial") as f:
+    assert len(f.read().splitlines()) == 20
+  assert not os.path.exists(stem + ".txt") and not os.path.exists(stem + ".json")
+  os.remove(stem + ".txt.partial")
 
 
 def test_perplexity_is_the_one_training_logged(workdir):

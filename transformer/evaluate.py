@@ -12,6 +12,12 @@ written to DIR/eval_{split}_{checkpoint}_{mode}.json (mode: greedy, or beam{K}-a
 '-n{N}' added with --limit), the hypotheses to the same name with .txt, one per
 line in the split's order.
 
+It streams: the split is read, decoded (sorted by length within the chunk) and
+scored --chunk_lines examples at a time (default 4096, so a dev or test set is
+one chunk), the scores summed from per-sentence statistics (metrics.Scorer) and
+each chunk's hypotheses written and flushed to .txt.partial, renamed to .txt at
+the end; memory stays bounded however large the split.
+
 BLEU is sacreBLEU's corpus BLEU of detokenized, cased text (13a tokenizer), the
 standard figure today; the paper's 27.3/28.4 were computed on tokenized text and
 are not directly comparable.
@@ -22,10 +28,13 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   runtime.use_fast_malloc()
 
 
+import collections
 import functools
+import itertools
 import json
 import os
 import re
+import time
 
 from absl import app
 from absl import flags
@@ -33,8 +42,11 @@ import jax
 
 from transformer import data as data_lib
 from transformer import distributed, files, inference, runtime, training
+from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 from transformer.config import SCORED_DECODE_MODES
+
+CHUNK_LINES = data_lib.sources.CHUNK  # Examples (lines) decoded together: bounded memory.
 
 
 def result_name(split, checkpoint, mode, beam_size, alpha, limit=None):
@@ -45,50 +57,76 @@ def result_name(split, checkpoint, mode, beam_size, alpha, limit=None):
 
 
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
-        max_extra_len=None, limit=None, tokens_per_batch=None):
+        max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES):
   """Restores `workdir`, decodes and scores `split`, writes the JSON; returns (result, path)."""
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
   workdir_lib.checkpoint_location(workdir, checkpoint)  # A bad name fails before loading.
   if limit is not None and limit < 1:
     raise ValueError(f"limit must be >= 1, got {limit}")
+  if chunk_lines < 1:
+    raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
   split = split or config.data.test_split
   settings = inference.decode_settings(config, beam_size, alpha, max_extra_len)
   beam_size, alpha, max_extra_len = (settings[k] for k in ("beam_size", "alpha", "max_extra_len"))
   inference.check_settings(mode, beam_size, alpha, max_extra_len)
-  # The data first: a bad split fails before the checkpoint is read.
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
-  examples, pairs, stats = distributed.process_0_first(
-      lambda: data_lib.get_eval(config.data, tokenizer, split), "evaluate data")
-  examples, pairs = examples[:limit], pairs[:limit]
-  if not examples:
+  chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit)
+  # The first chunk first: a bad split fails before the checkpoint is read, and
+  # process 0 prepares a generated dataset before the other processes read it.
+  first = distributed.process_0_first(lambda: next(chunks, None), "evaluate data")
+  if first is None:
     raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
   restored = workdir_lib.restore(workdir, checkpoint)
-  metrics, hypotheses = inference.evaluate_examples(
-      restored.model, restored.params, examples, [t for _, t in pairs], restored.tokenizer,
-      config, restored.mesh, mode=mode, beam_size=beam_size, alpha=alpha,
-      max_extra_len=max_extra_len, tokens_per_batch=tokens_per_batch)
   eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
                                       label_smoothing=config.train.label_smoothing))
-  loss = training.evaluate_loss(eval_fn, restored.params, examples, config, restored.mesh)
   stem = os.path.join(workdir, result_name(split, checkpoint, mode, beam_size, alpha, limit))
+  scorer = metrics_lib.Scorer(config.data.dataset)
+  timings, loss_totals, truncated, wall = collections.Counter(), None, 0, 0.0
+  # Each chunk's hypotheses are written and flushed before the next chunk is
+  # read; the file takes its final name once all are scored, so a killed run
+  # leaves what it wrote under .partial, never a short file under the real name.
+  out = open(stem + ".txt.partial", "w", encoding="utf-8") if jax.process_index() == 0 else None  # pylint: disable=consider-using-with
+  try:
+    for examples, pairs, stats in itertools.chain([first], chunks):
+      start, chunk_timings = time.perf_counter(), {}
+      hypotheses = inference.decode_examples(
+          restored.model, restored.params, examples, restored.tokenizer, config, restored.mesh,
+          mode=mode, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
+          tokens_per_batch=tokens_per_batch, timings=chunk_timings)
+      scorer.add(hypotheses, [t for _, t in pairs])
+      wall += time.perf_counter() - start
+      timings.update(chunk_timings)
+      truncated += stats["truncated"]
+      loss_totals = training.eval_loss_sums(eval_fn, restored.params, examples, config,
+                                            restored.mesh, loss_totals)
+      if out is not None:
+        out.write("".join(h + "\n" for h in hypotheses))
+        out.flush()
+  finally:
+    if out is not None:
+      out.close()
+  if not scorer.count:
+    raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
+  loss = training.loss_metrics(loss_totals)
   result = {
       "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
       "step": int(restored.step), "dataset": config.data.dataset, "split": split,
       "limit": limit, "mode": mode,
       "beam_size": beam_size if mode == "beam" else None,
       "alpha": alpha if mode == "beam" else None, "max_extra_len": max_extra_len,
-      "num_sentences": metrics.pop("num_sentences"),
-      "truncated_sources": stats.get("truncated", 0),
-      "signature": metrics.get("bleu_signature"),
+      "num_sentences": scorer.count, "truncated_sources": truncated,
       "perplexity": loss["perplexity"], "nll": loss["nll"],
-      **{k: metrics.pop(k) for k in ("compile_seconds", "decode_seconds", "wall_seconds",
-                                     "sentences_per_second", "batches")},
-      "metrics": metrics, "hypotheses_file": stem + ".txt",
+      "compile_seconds": timings["compile_seconds"],
+      "decode_seconds": timings["decode_seconds"], "batches": timings["batches"],
+      "wall_seconds": wall,
+      "sentences_per_second": scorer.count / max(timings["decode_seconds"], 1e-9),
+      "metrics": scorer.result(), "hypotheses_file": stem + ".txt",
   }
+  result["signature"] = result["metrics"].get("bleu_signature")
   if jax.process_index() == 0:
-    files.write_atomic(stem + ".txt", "".join(h + "\n" for h in hypotheses))
+    os.replace(stem + ".txt.partial", stem + ".txt")
     files.write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
   return result, stem + ".json"
 
@@ -108,6 +146,9 @@ def define_decode_flags(modes, default_mode):
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; "
                        "default config.decode.tokens_per_batch (if 0, "
                        "config.data.tokens_per_batch).", lower_bound=1)
+  flags.DEFINE_integer("chunk_lines", CHUNK_LINES, "Lines (examples) read, decoded and "
+                       "written together: memory stays bounded however long the input "
+                       "(1: each as soon as it arrives).", lower_bound=1)
 
 
 def main(argv):
@@ -116,7 +157,7 @@ def main(argv):
   f = flags.FLAGS
   with workdir_lib.command("evaluate", f.workdir):
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
-                       f.max_extra_len, f.limit, f.tokens_per_batch)
+                       f.max_extra_len, f.limit, f.tokens_per_batch, f.chunk_lines)
   if jax.process_index() == 0:
     print(json.dumps(result, indent=2, sort_keys=True))
     print(f"wrote {path}")

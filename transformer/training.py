@@ -106,18 +106,28 @@ def compile_steps(model, tx, config, mesh, state_shardings):
   return train, evaluate
 
 
-def evaluate_loss(eval_fn, params, examples, config, mesh):
-  """Teacher-forced loss, perplexity and token accuracy over `examples`."""
-  totals = None
+def eval_loss_sums(eval_fn, params, examples, config, mesh, totals=None):
+  """Teacher-forced loss sums over `examples`, added to `totals` if given
+  (losses.normalize turns them into per-token figures)."""
   # Every host builds the same batches and places its own share of their rows.
   for _, batch in data_lib.eval_batches(examples, config.data.tokens_per_batch,
                                         batch_multiple=sharding.row_multiple(mesh),
                                         max_length=config.data.max_length):
     sums = eval_fn(params, sharding.place_batch(sharding.host_rows(batch), mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  return totals
+
+
+def loss_metrics(totals):
+  """Per-token loss, nll, accuracy and perplexity from eval_loss_sums' totals."""
   metrics = {k: float(v) for k, v in losses.normalize(jax.device_get(totals)).items()}
   metrics["perplexity"] = float(np.exp(min(metrics["nll"], 50.0)))
   return metrics
+
+
+def evaluate_loss(eval_fn, params, examples, config, mesh):
+  """Teacher-forced loss, perplexity and token accuracy over `examples`."""
+  return loss_metrics(eval_loss_sums(eval_fn, params, examples, config, mesh))
 
 
 def load_data(config, workdir, mesh):

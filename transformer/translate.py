@@ -48,9 +48,6 @@ def source_limit(config):
   return min(config.model.max_len, config.data.max_length)
 
 
-CHUNK_LINES = 4096  # Lines translated together: full length-sorted batches, bounded memory.
-
-
 def iter_lines(path):
   """The lines of a file or of stdin ('-'), one at a time as they arrive,
   without line ends; bad UTF-8 bytes become U+FFFD (then UNK) instead of
@@ -136,7 +133,7 @@ def token_labels(tokenizer, ids):
 def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="beam",
         beam_size=None, alpha=None, max_extra_len=None, plot_attention=None, layer=-1,
         head="all", seed=0, temperature=1.0, tokens_per_batch=None,
-        chunk_lines=CHUNK_LINES, collect=True):
+        chunk_lines=evaluate.CHUNK_LINES, collect=True):
   """Restores `workdir`, translates the lines of `input_path` into `output_path`
   chunk by chunk (and draws the attention plot if asked); returns the
   translations, or with collect=False (bounded memory) their number."""
@@ -229,6 +226,4 @@ if __name__ == "__main__":
   flags.DEFINE_string("head", "all", "all (one panel per head) | avg | a head number.")
   flags.DEFINE_integer("seed", 0, "Sampling seed (--mode sample).")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample).")
-  flags.DEFINE_integer("chunk_lines", CHUNK_LINES, "Lines read, translated and written "
-                       "together (1: each line as soon as it arrives).", lower_bound=1)
   app.run(main)

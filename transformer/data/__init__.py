@@ -11,11 +11,13 @@ Entry point for the trainer:
   data.eval_pairs       # raw (source, target) strings aligned with eval_examples
   data.stats            # {'train': {...}, 'eval': {...}} drop/truncate counts
   get_eval(config.data, data.tokenizer, config.data.test_split)  # another split
+  iter_eval(config.data, data.tokenizer, split, chunk)  # the same, chunk by chunk
 
 Modules: scan (SCAN builder), parallel_text (text files), sources (load_pairs),
 tokenizer, pipeline (tokenize_pairs, TrainBatches, eval_batches), packing,
 prefetch.
 """
+import collections
 import typing
 
 from transformer.data import pipeline
@@ -40,10 +42,27 @@ def get_eval(data_config, tokenizer, split):
   Overlong examples are truncated, not dropped, so the set stays whole
   (stats['truncated'] counts them); only empty ones are dropped.
   """
-  pairs = sources.load_pairs(data_config, split)
-  examples, stats, kept = tokenize_pairs(
-      pairs, tokenizer, data_config.max_length, 'truncate', return_kept=True)
-  return examples, [pairs[i] for i in kept], stats
+  examples, pairs, stats = [], [], collections.Counter()
+  for chunk_examples, chunk_pairs, chunk_stats in iter_eval(data_config, tokenizer, split):
+    examples += chunk_examples
+    pairs += chunk_pairs
+    stats.update(chunk_stats)
+  return examples, pairs, {k: stats[k] for k in pipeline.STATS}
+
+
+def iter_eval(data_config, tokenizer, split, chunk=sources.CHUNK, limit=None):
+  """get_eval a chunk of `chunk` pairs at a time, for the first `limit` examples
+  (all if None): yields (examples, pairs, stats) of each chunk."""
+  left = limit
+  for pairs in sources.iter_pairs(data_config, split, chunk):
+    examples, stats, kept = tokenize_pairs(pairs, tokenizer, data_config.max_length,
+                                           'truncate', return_kept=True)
+    if left is not None:
+      examples, kept = examples[:left], kept[:left]
+      left -= len(examples)
+    yield examples, [pairs[i] for i in kept], stats
+    if left == 0:
+      return
 
 
 def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
@@ -72,5 +91,5 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
 
 
 __all__ = ['BOS_ID', 'Data', 'EOS_ID', 'PAD_ID', 'Tokenizer', 'TrainBatches', 'UNK_ID',
-           'eval_batches', 'get_eval', 'get_train_and_eval', 'load_pairs', 'pipeline', 'prefetch',
+           'eval_batches', 'get_eval', 'get_train_and_eval', 'iter_eval', 'load_pairs', 'pipeline', 'prefetch',
            'tokenize_pairs']

@@ -53,6 +53,11 @@ def _decode(path, n, raw):
 
 def read_pairs(source_path, target_path):
   """(source, target) string pairs from two line-aligned files; ValueError names file:line."""
+  return [pair for pairs in iter_pairs(source_path, target_path) for pair in pairs]
+
+
+def iter_pairs(source_path, target_path, chunk=4096):
+  """read_pairs as lists of up to `chunk` pairs, read as they are asked for."""
   pairs = []
   zipped = itertools.zip_longest(_lines(source_path), _lines(target_path))
   for src, tgt in zipped:
@@ -62,10 +67,20 @@ def read_pairs(source_path, target_path):
       raise ValueError(f'{longer}:{n}: line has no counterpart: {shorter} has only '
                        f'{n - 1} lines (the files must be line-aligned)')
     pairs.append((_decode(source_path, *src), _decode(target_path, *tgt)))
-  return pairs
+    if len(pairs) == chunk:
+      yield pairs
+      pairs = []
+  if pairs:
+    yield pairs
 
 
 def load_split(text_dir, split, source_lang, target_lang):
   """(source, target) pairs of `split` read from `text_dir`."""
   return read_pairs(find_file(text_dir, split, source_lang),
                     find_file(text_dir, split, target_lang))
+
+
+def iter_split(text_dir, split, source_lang, target_lang, chunk=4096):
+  """The (source, target) pairs of `split` in `text_dir`, as lists of up to `chunk`."""
+  yield from iter_pairs(find_file(text_dir, split, source_lang),
+                        find_file(text_dir, split, target_lang), chunk)

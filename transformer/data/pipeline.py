@@ -29,6 +29,10 @@ BUCKET_STEP = 8  # Padded lengths are multiples of 8 (friendly to accelerator ti
 BUCKET_GROWTH = 1.125  # Above 64, buckets grow ~12.5%: few shapes, < ~12.5% padding.
 
 
+# The counts tokenize_pairs reports.
+STATS = ('total', 'kept', 'dropped_empty', 'dropped_overlong', 'truncated')
+
+
 def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=False):
   """Encodes (source, target) strings into int32 id arrays, each ending with EOS.
 
@@ -43,8 +47,8 @@ def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=Fa
   pairs = list(pairs)
   src_ids = tokenizer.encode_batch([p[0] for p in pairs])
   tgt_ids = tokenizer.encode_batch([p[1] for p in pairs])
-  stats = {'total': len(pairs), 'kept': 0, 'dropped_empty': 0,
-           'dropped_overlong': 0, 'truncated': 0}
+  stats = dict.fromkeys(STATS, 0)
+  stats['total'] = len(pairs)
   examples, kept = [], []
   for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
     if not s or not t:

@@ -1,4 +1,6 @@
-"""`load_pairs(data_config, split)`: raw (source, target) strings from the configured dataset.
+"""Raw (source, target) strings from the configured dataset: `load_pairs(data_config,
+split)` all at once, `iter_pairs(data_config, split, chunk)` a chunk at a time (what
+`evaluate` reads, so a split of any size fits in memory).
 
 `data_config.dataset` is one of:
   'scan/simple', 'scan/length': SCAN generated in code (`scan.Scan`), prepared
@@ -12,7 +14,7 @@
 import numpy as np
 
 SCAN_CONFIGS = ('simple', 'length')
-_READ_BATCH = 4096  # Examples per tf.data batch when copying a TFDS split into Python.
+CHUNK = 4096  # Pairs per chunk (and per tf.data batch when copying a TFDS split).
 
 
 class DataNotPreparedError(FileNotFoundError):
@@ -25,18 +27,16 @@ def prepare_command(name, data_dir):
   return f'tfds build {name}{where}'
 
 
-def _read_tfds(builder, split, keys):
-  """Rows of `split` as tuples of str, one per key in `keys`."""
+def _iter_tfds(builder, split, keys, chunk):
+  """Lists of up to `chunk` rows of `split`, each a tuple of str, one per key in `keys`."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  ds = builder.as_dataset(split=split, shuffle_files=False).batch(_READ_BATCH)
-  out = []
+  ds = builder.as_dataset(split=split, shuffle_files=False).batch(chunk)
   for batch in tfds.as_numpy(ds):
     columns = [[b.decode('utf-8') for b in np.asarray(batch[k]).tolist()] for k in keys]
-    out.extend(zip(*columns))
-  return out
+    yield list(zip(*columns))
 
 
-def _load_scan(config, split, data_dir):
+def _iter_scan(config, split, data_dir, chunk):
   from transformer.data import scan  # pylint: disable=g-import-not-at-top
   # Checked before spending seconds on preparation; TFDS slices ('test[:500]') pass.
   if split.split('[', 1)[0] not in ('train', 'test'):
@@ -52,10 +52,10 @@ def _load_scan(config, split, data_dir):
       builder = scan.Scan(config=config, data_dir=data_dir)
       if not builder.is_prepared():
         raise
-  return _read_tfds(builder, split, ('source', 'target'))
+  yield from _iter_tfds(builder, split, ('source', 'target'), chunk)
 
 
-def _load_registered(name, split, data_config):
+def _iter_registered(name, split, data_config, chunk):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   data_dir = data_config.get('tfds_data_dir')
   try:
@@ -69,7 +69,7 @@ def _load_registered(name, split, data_config):
     raise ValueError(f'{name} has features {keys}; source_lang={src!r} and '
                      f'target_lang={tgt!r} must both be among them')
   try:
-    return _read_tfds(builder, split, (src, tgt))
+    yield from _iter_tfds(builder, split, (src, tgt), chunk)
   except AssertionError as e:  # What TFDS raises for data that is not prepared.
     if builder.is_prepared():
       raise
@@ -82,16 +82,26 @@ def _load_registered(name, split, data_config):
 
 def load_pairs(data_config, split):
   """(source, target) string pairs of `split` of `data_config.dataset`."""
+  return [pair for pairs in iter_pairs(data_config, split) for pair in pairs]
+
+
+def iter_pairs(data_config, split, chunk=CHUNK):
+  """The pairs of `split` in their order, as lists of up to `chunk` pairs. A
+  generator: nothing is read, and no error raised, before the first is asked for."""
+  if chunk < 1:
+    raise ValueError(f'chunk must be >= 1, got {chunk}')
   dataset = data_config.dataset
   if dataset.startswith('scan/'):
     config = dataset.split('/', 1)[1]
     if config not in SCAN_CONFIGS:
       raise ValueError(f'unknown SCAN split {dataset!r}; use scan/simple or scan/length')
-    return _load_scan(config, split, data_config.get('tfds_data_dir'))
+    yield from _iter_scan(config, split, data_config.get('tfds_data_dir'), chunk)
+    return
   if dataset == 'parallel_text':
     from transformer.data import parallel_text  # pylint: disable=g-import-not-at-top
     if not data_config.get('text_dir'):
       raise ValueError("dataset 'parallel_text' needs data_config.text_dir")
-    return parallel_text.load_split(data_config.text_dir, split,
-                                    data_config.source_lang, data_config.target_lang)
-  return _load_registered(dataset, split, data_config)
+    yield from parallel_text.iter_split(data_config.text_dir, split, data_config.source_lang,
+                                        data_config.target_lang, chunk)
+    return
+  yield from _iter_registered(dataset, split, data_config, chunk)
