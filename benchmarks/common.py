@@ -104,14 +104,17 @@ def multi30k_examples(size: Size, data_dir, source_lang="en", target_lang="de"):
   return examples
 
 
-def train_batches(size: Size, examples, seed=0):
+def train_batches(size: Size, examples, seed=0, batching="bucket"):
+  """The pipeline's batches of `size`: bucketed rows of about one length, or
+  packed rows of size.max_length slots with segment masks ('pack')."""
   return pipeline.TrainBatches(examples, tokens_per_batch=size.tokens_per_batch, seed=seed,
-                               batching="bucket", max_length=size.max_length)
+                               batching=batching, max_length=size.max_length,
+                               pack_length=size.max_length if batching == "pack" else None)
 
 
-def epoch_stats(size: Size, examples):
+def epoch_stats(size: Size, examples, batching="bucket"):
   """Padding and shapes over one whole epoch of the pipeline (numpy only, no model)."""
-  it = train_batches(size, examples)
+  it = train_batches(size, examples, batching=batching)
   slots = real_src = real_tgt = 0
   shapes = set()
   for _ in range(it.num_batches(0)):
@@ -125,9 +128,9 @@ def epoch_stats(size: Size, examples):
           "padding_source_target": 1.0 - (real_src + real_tgt) / (2 * slots)}
 
 
-def timed_batches(size: Size, examples, count, seed=0):
+def timed_batches(size: Size, examples, count, seed=0, batching="bucket"):
   """The first `count` batches of an epoch: mixed shapes, as training sees them."""
-  it = train_batches(size, examples, seed)
+  it = train_batches(size, examples, seed, batching)
   return [next(it) for _ in range(count)]
 
 

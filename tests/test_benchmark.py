@@ -124,16 +124,28 @@ def test_marian_cached_greedy_equals_uncached():
   assert torch.equal(cached, uncached)
 
 
-def test_bfloat16_smoke_runs_both_sides_in_bfloat16(tmp_path):
+def test_bfloat16_packed_smoke_runs_both_sides_in_bfloat16_ours_packed(tmp_path):
+  """--dtype bfloat16 --pack (one run for both, to keep the suite short): both
+  sides compute in bfloat16; ours trains on packed rows, PyTorch on bucketed ones,
+  and each side's padding and MFU come from its own batches."""
   out = tmp_path / "bench.json"
-  argv = (["--smoke", "--dtype", "bfloat16", "--malloc", "skip", "--json", str(out)]
+  argv = (["--smoke", "--dtype", "bfloat16", "--pack", "--malloc", "skip", "--json", str(out)]
           + ([] if HAS_TORCH else ["--no_torch"]) + ([] if HAS_MARIAN else ["--no_marian"]))
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
     run.main(argv)
   results = json.loads(out.read_text())
   assert results["meta"]["sizes"]["smoke"]["dtype"] == "bfloat16"
+  assert results["meta"]["batching"] == {"ours": "pack", "pytorch": "bucket"}
   res = results["sizes"]["smoke"]
+  size = common.SIZES["smoke"]
+  bucketed = common.epoch_stats(size, common.synthetic_examples(size), "bucket")
+  assert res["ours"]["data shapes per epoch"] == 1  # Rows of max_length slots.
+  assert res["ours"]["data padding (target) %"] < 100 * bucketed["padding_target"]
+  assert {tuple(s) for s in res["batch_shapes"]["ours"]} == {(16, 16)}  # 256 slots.
+  if HAS_TORCH:
+    assert res["pytorch"]["data padding (target) %"] == pytest.approx(
+        100 * bucketed["padding_target"])
   _check(res["ours"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
   if HAS_TORCH:
     _check(res["pytorch"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())

@@ -63,15 +63,6 @@ def test_direction_argument_flips_the_pair_and_rejects_others():
     multi30k.get_config("en-fr")
 
 
-def test_bfloat16_recipe_differs_only_in_compute_dtype():
-  from configs import multi30k_bf16  # pylint: disable=g-import-not-at-top
-  for direction in ("en-de", "de-en"):
-    fast, slow = multi30k_bf16.get_config(direction), multi30k.get_config(direction)
-    assert (fast.model.dtype, slow.model.dtype) == ("bfloat16", "auto")
-    fast.model.dtype = "auto"
-    assert fast.to_dict() == slow.to_dict()
-
-
 def test_direction_argument_reaches_the_config_flag():
   from absl import flags
   from ml_collections import config_flags
