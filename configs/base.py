@@ -102,6 +102,11 @@ def get_config():
   # its slowest sentence is done and beams multiply its rows, so on a CPU small
   # batches are faster (Multi30k beam 4: 512 tokens 1.5x faster than 4096).
   decode.tokens_per_batch = 0
+  # Beam search halves its batch up to this many times as sentences finish, so the
+  # finished stop costing rows (the same outputs; search.beam_search). Each halving
+  # compiles another loop: Multi30k test decodes 1.18x faster with 2 but compiles
+  # 13 s longer, so it pays on large inputs (evaluate/translate --compact 2). 0 = off.
+  decode.compact = 0
 
   # Multi-process jobs (README, Clusters): which processes make up the job comes from
   # the environment (transformer/distributed.py); these say how long to wait for them.

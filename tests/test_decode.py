@@ -87,7 +87,8 @@ M_EOS, M_V = 3, 11
 FAST = dict(compiler_options={'xla_backend_optimization_level': 0})
 # eos_id is traced: pass it always (an omitted default would be another compilation).
 decode_jit = jax.jit(decode.encode_and_decode, **FAST,
-                     static_argnames=('model', 'mode', 'beam_size', 'max_extra_len', 'top_k'))
+                     static_argnames=('model', 'mode', 'beam_size', 'max_extra_len', 'top_k',
+                                      'compact'))
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,6 +200,19 @@ def test_model_beam_batch_items_independent_of_padding():
   np.testing.assert_array_equal(ids_BxL[1], np.pad(alone, (0, 1)))
   for row in ids_BxL:
     check_well_formed(row)
+
+
+def test_model_compacting_beam_search_changes_nothing():
+  """Beam search that drops finished items' rows from the batch (compact) decodes
+  what the full batch decodes: the context is gathered with the cache. The row
+  limits (source length + 2: 3 to 8 steps) stop 5 of the 8 items by step 5, so the
+  batch halves twice even if no item emits EOS."""
+  model, params = tiny_model()
+  inputs_BxS = jnp.asarray(sources([1, 6, 2, 5, 1, 3, 2, 4], 6, seed=3))
+  kw = dict(model=model, params=params, inputs_BxS=inputs_BxS, mode='beam', beam_size=3,
+            max_extra_len=2, eos_id=M_EOS)
+  full = np.asarray(decode_jit(**kw))
+  np.testing.assert_array_equal(np.asarray(decode_jit(compact=2, **kw)), full)
 
 
 def test_model_all_pad_rows_emit_nothing():

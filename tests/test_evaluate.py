@@ -194,6 +194,26 @@ def test_a_run_killed_between_chunks_keeps_what_it_wrote(workdir, monkeypatch):
   os.remove(stem + ".txt.partial")
 
 
+def test_decode_ab_compares_compaction_with_the_same_outputs(workdir, tmp_path, monkeypatch,
+                                                             capsys):
+  """benchmarks.decode_ab: two config.decode variants on a workdir, interleaved,
+  their outputs compared (compaction must not change one), one table row each."""
+  from benchmarks import decode_ab  # pylint: disable=import-outside-toplevel
+  out = tmp_path / "ab.json"
+  monkeypatch.setattr(sys, "argv", [
+      "decode_ab", "--workdir", workdir, "--split", "test", "--limit", "48", "--runs", "2",
+      "--variant", "compact=0", "--variant", "compact=2,tokens_per_batch=256",
+      "--json", str(out)])
+  decode_ab.main()
+  table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| compact")]
+  assert len(table) == 2 and table[0].split("|")[4].strip() == "1.00x"
+  rows = json.loads(out.read_text())["rows"]
+  assert [len(r["sentences_per_second"]) for r in rows] == [2, 2]
+  assert decode_ab.parse_variant("compact=2,x=a") == {"compact": 2, "x": "a"}
+  with pytest.raises(ValueError, match="not name=value"):
+    decode_ab.parse_variant("compact")
+
+
 def test_perplexity_is_the_one_training_logged(workdir):
   """Per target token, without label smoothing: on training's eval split and last
   checkpoint, evaluate reports the eval/perplexity training logged at its last step."""

@@ -230,6 +230,52 @@ def test_beam_equals_search_without_early_stopping():
   assert stops_early > checked // 4  # The early stop is exercised, not only max_len.
 
 
+def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
+  """compact=n halves the batch (up to n times) once half of its items have
+  stopped, and writes them back at the end: item for item the results are the
+  full batch's, with per-row limits, both stopping rules and a cache that grows
+  (the batch shrinks only before it grows); fewer rows pass through logits_fn."""
+  B, L, first_len = 24, 7, 4
+  rows_run = []
+
+  def toy_logits_fn(table):
+    def logits_fn(ids_Nx1, cache, step):
+      jax.debug.callback(rows_run.append, ids_Nx1.shape[0])
+      h_Nx1 = (cache['h'] * 7 + ids_Nx1 + 1) % H
+      return table[cache['i'], h_Nx1[:, 0]], {'h': h_Nx1, 'i': cache['i'] + 1}
+    return logits_fn
+
+  @functools.partial(jax.jit, static_argnames=('K', 'best_only', 'compact'))
+  def run(table, max_len_B, K, best_only, compact):
+    return search.beam_search(toy_logits_fn(table), toy_cache(B, K), batch_size=B,
+                              beam_size=K, alpha=0.6, max_len=max_len_B, out_len=L,
+                              bos_id=BOS, eos_id=EOS, best_only=best_only,
+                              grow=(first_len, lambda cache: cache), compact=compact)
+
+  for seed in range(2):
+    r = np.random.RandomState(200 + seed)
+    table_TxHxV = (2.0 * r.randn(L, H, V)).astype(np.float32)
+    table_TxHxV[..., PAD] = -np.inf
+    table_TxHxV[..., EOS] += r.uniform(-1.0, 2.0)
+    table = jnp.asarray(table_TxHxV)
+    max_len_B = jnp.asarray(r.randint(1, L + 1, size=B), jnp.int32)
+    for K, best_only, compacts in ((2, True, (0, 1, 3)), (3, False, (0, 3))):
+      rows = []
+      for compact in compacts:
+        rows_run.clear()
+        ids_BxKxL, scores_BxK = jax.block_until_ready(
+            run(table, max_len_B, K=K, best_only=best_only, compact=compact))
+        rows.append(int(sum(rows_run)))
+        if compact == 0:
+          want_ids, want_scores = ids_BxKxL, scores_BxK
+          continue
+        np.testing.assert_array_equal(ids_BxKxL, want_ids)
+        np.testing.assert_allclose(scores_BxK, want_scores, rtol=1e-6)
+      assert rows == sorted(rows, reverse=True)
+      if best_only:  # These items stop unevenly: each halving saves rows.
+        assert rows[0] > rows[1] > rows[2], rows
+
+
 def test_beam_size_one_equals_greedy():
   """Without a length penalty, beam 1 is greedy. With one, greedy's output is
   among the single beam's finished candidates, so beam 1 scores at least as well

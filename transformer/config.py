@@ -206,6 +206,7 @@ def check_config(config) -> None:
   check(config.optim.learning_rate_scale > 0, "optim.learning_rate_scale", "must be > 0")
   check(config.decode.alpha >= 0, "decode.alpha", "must be >= 0")
   check(config.decode.get("max_extra_len", 0) >= 0, "decode.max_extra_len", "must be >= 0")
+  check(config.decode.get("compact", 0) >= 0, "decode.compact", "must be >= 0 (0 = off)")
   check(config.data.get("prefetch", 0) >= 0, "data.prefetch", "must be >= 0 (0 = off)")
   for field in ("optim.adam_b1", "optim.adam_b2"):
     check(0.0 <= value(field) < 1.0, field, "must be in [0, 1)")

@@ -68,7 +68,7 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
                       mode: str = 'greedy', beam_size: int = 4, alpha: float = 0.6,
                       max_extra_len: int = 50, rng: Optional[Array] = None,
                       temperature: float = 1.0, top_k: int = 0,
-                      eos_id: Optional[int] = None) -> Array:
+                      eos_id: Optional[int] = None, compact: int = 0) -> Array:
   """Source ids (PAD on the right) -> output ids_BxL, L = min(S + max_extra_len,
   model.max_len); best beam in 'beam' mode. `model` is a DecodingModel.
 
@@ -77,7 +77,8 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   (batch padding) emits none. The encoder runs once; beams share it by
   repetition. Jittable with model, mode, beam_size, max_extra_len, top_k (and
   temperature if 0) static; L, hence the compiled program, depends on the source
-  width S. `eos_id` defaults to the model's.
+  width S. `eos_id` defaults to the model's. `compact` (beam mode, static): how
+  many times beam search may halve its batch as items finish (search.beam_search).
   """
   if mode not in DECODE_MODES:
     raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
@@ -109,5 +110,17 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':
     return sample(logits_fn, cache, rng, temperature=temperature, top_k=top_k, **kw)
-  return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, best_only=True,
-                     reorder_fn=model.reorder, **kw)[0][:, 0]
+  if not compact:
+    return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, best_only=True,
+                       reorder_fn=model.reorder, **kw)[0][:, 0]
+  # A compacting search drops finished items' rows, so the context travels with
+  # the cache (and is gathered with it) instead of being closed over.
+  def step_both(ids_Nx1, both, step):
+    del step
+    logits_NxV, new_cache = model.step(params, both[0], both[1], ids_Nx1)
+    return logits_NxV, (both[0], new_cache)
+
+  kw['grow'] = (first_len, lambda both: (both[0], model.grow(both[1], length=L)))
+  return beam_search(step_both, (context, cache), beam_size=K, alpha=alpha, best_only=True,
+                     reorder_fn=lambda both, parent: (both[0], model.reorder(both[1], parent)),
+                     compact=compact, **kw)[0][:, 0]

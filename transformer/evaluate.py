@@ -3,6 +3,7 @@ exact match for SCAN.
 
   python -m transformer.evaluate --workdir DIR [--split test] [--checkpoint latest|best|averaged|STEP]
       [--mode beam|greedy] [--beam_size 4] [--alpha 0.6] [--max_extra_len 50] [--limit N]
+      [--compact 2]
 
 Decoding settings default to config.decode (section 6.1: beam 4, alpha 0.6,
 input length + 50), the split to config.data.test_split. The split's perplexity
@@ -57,7 +58,8 @@ def result_name(split, checkpoint, mode, beam_size, alpha, limit=None):
 
 
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
-        max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES):
+        max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES,
+        compact=None):
   """Restores `workdir`, decodes and scores `split`, writes the JSON; returns (result, path)."""
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
@@ -68,9 +70,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
   split = split or config.data.test_split
-  settings = inference.decode_settings(config, beam_size, alpha, max_extra_len)
-  beam_size, alpha, max_extra_len = (settings[k] for k in ("beam_size", "alpha", "max_extra_len"))
-  inference.check_settings(mode, beam_size, alpha, max_extra_len)
+  settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact)
+  inference.check_settings(mode, **settings)
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
   chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit)
   # The first chunk first: a bad split fails before the checkpoint is read, and
@@ -81,6 +82,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   restored = workdir_lib.restore(workdir, checkpoint)
   eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
                                       label_smoothing=config.train.label_smoothing))
+  beam_size, alpha = settings["beam_size"], settings["alpha"]
   stem = os.path.join(workdir, result_name(split, checkpoint, mode, beam_size, alpha, limit))
   scorer = metrics_lib.Scorer(config.data.dataset)
   timings, loss_totals, truncated, wall = collections.Counter(), None, 0, 0.0
@@ -93,8 +95,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       start, chunk_timings = time.perf_counter(), {}
       hypotheses = inference.decode_examples(
           restored.model, restored.params, examples, restored.tokenizer, config, restored.mesh,
-          mode=mode, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
-          tokens_per_batch=tokens_per_batch, timings=chunk_timings)
+          mode=mode, **settings, tokens_per_batch=tokens_per_batch, timings=chunk_timings)
       scorer.add(hypotheses, [t for _, t in pairs])
       wall += time.perf_counter() - start
       timings.update(chunk_timings)
@@ -115,7 +116,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       "step": int(restored.step), "dataset": config.data.dataset, "split": split,
       "limit": limit, "mode": mode,
       "beam_size": beam_size if mode == "beam" else None,
-      "alpha": alpha if mode == "beam" else None, "max_extra_len": max_extra_len,
+      "alpha": alpha if mode == "beam" else None, "max_extra_len": settings["max_extra_len"],
+      "compact": settings["compact"] if mode == "beam" else None,
       "num_sentences": scorer.count, "truncated_sources": truncated,
       "perplexity": loss["perplexity"], "nll": loss["nll"],
       "compile_seconds": timings["compile_seconds"],
@@ -149,6 +151,9 @@ def define_decode_flags(modes, default_mode):
   flags.DEFINE_integer("chunk_lines", CHUNK_LINES, "Lines (examples) read, decoded and "
                        "written together: memory stays bounded however long the input "
                        "(1: each as soon as it arrives).", lower_bound=1)
+  flags.DEFINE_integer("compact", None, "Beam search: halvings of the batch as sentences "
+                       "finish (same outputs; pays on large inputs, each compiles another "
+                       "loop); default config.decode.compact.", lower_bound=0)
 
 
 def main(argv):
@@ -157,7 +162,7 @@ def main(argv):
   f = flags.FLAGS
   with workdir_lib.command("evaluate", f.workdir):
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
-                       f.max_extra_len, f.limit, f.tokens_per_batch, f.chunk_lines)
+                       f.max_extra_len, f.limit, f.tokens_per_batch, f.chunk_lines, f.compact)
   if jax.process_index() == 0:
     print(json.dumps(result, indent=2, sort_keys=True))
     print(f"wrote {path}")

@@ -19,13 +19,15 @@ _COMPILED = {}
 _MAX_COMPILED = 64
 
 
-def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None) -> dict:
+def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None,
+                    compact=None) -> dict:
   """The search settings given, the experiment's config.decode for those not given."""
-  given = dict(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
-  return {k: config.decode[k] if v is None else v for k, v in given.items()}
+  given = dict(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, compact=compact)
+  # .get: configs saved before decode.compact existed lack it (off).
+  return {k: config.decode.get(k, 0) if v is None else v for k, v in given.items()}
 
 
-def check_settings(mode, beam_size, alpha, max_extra_len):
+def check_settings(mode, beam_size, alpha, max_extra_len, compact=0):
   if mode not in DECODE_MODES:
     raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
   if int(beam_size) < 1:
@@ -34,6 +36,8 @@ def check_settings(mode, beam_size, alpha, max_extra_len):
     raise ValueError(f"alpha must be >= 0, got {alpha}")
   if int(max_extra_len) < 0:
     raise ValueError(f"max_extra_len must be >= 0, got {max_extra_len}")
+  if int(compact) < 0:
+    raise ValueError(f"compact must be >= 0, got {compact}")
 
 
 def _compiled(model, params, inputs, rng, mesh, settings):
@@ -42,13 +46,13 @@ def _compiled(model, params, inputs, rng, mesh, settings):
                   for x in jax.tree.leaves(params)))
   key = (model, mesh, settings, inputs.shape, inputs.sharding, layout)
   if key not in _COMPILED:
-    mode, beam_size, alpha, max_extra_len, temperature, top_k = settings
+    mode, beam_size, alpha, max_extra_len, temperature, top_k, compact = settings
 
     def run(params, inputs_BxS, rng):
       return decode.encode_and_decode(
           state_lib.decoding(model), params, inputs_BxS, mode=mode, beam_size=beam_size,
           alpha=alpha, max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
-          temperature=temperature, top_k=top_k)
+          temperature=temperature, top_k=top_k, compact=compact)
 
     if len(_COMPILED) >= _MAX_COMPILED:
       _COMPILED.clear()
@@ -69,7 +73,7 @@ def _row_count(rows, full_rows, multiple):
 
 def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_size=4,
                alpha=0.6, max_extra_len=50, rng=None, temperature=1.0, top_k=0,
-               tokens_per_batch=None, timings=None):
+               tokens_per_batch=None, compact=0, timings=None):
   """Output ids for the sources of `examples` ((src, tgt) id arrays), in their order.
 
   Each is cut after its first EOS (kept), or has trailing PAD removed if it hit
@@ -77,12 +81,12 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   mesh's data axis, and decoded by one compiled program per batch shape. If
   `timings` is a dict it receives compile_seconds, decode_seconds and batches.
   Batch size (source tokens): `tokens_per_batch`, else config.decode's, else
-  config.data's.
+  config.data's. `compact`: see config.decode.compact (beam search only).
   """
-  check_settings(mode, beam_size, alpha, max_extra_len)
+  check_settings(mode, beam_size, alpha, max_extra_len, compact)
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
-              int(top_k))
+              int(top_k), int(compact) if mode == "beam" else 0)
   # .get: configs saved before the field existed lack it.
   tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
                       or config.data.tokens_per_batch)

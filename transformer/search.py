@@ -180,15 +180,77 @@ class BeamState:
   fin_score: Array  # float32[B, K]: finished hypotheses, logp / lp(length), best first.
   fin_ok: Array  # bool[B, K]: the finished slot holds a hypothesis.
   fin_seqs: Array  # int32[B, K, L]
+  limit: Array  # int32[B]: the item's max_len (emitted tokens, EOS included).
   cache: Any
+
+
+def _select_items(s: BeamState, idx_H: Array, K: int) -> BeamState:
+  """The state of items idx_H only (their K cache rows each); 0-dim leaves kept."""
+  items = lambda x: x if x.ndim == 0 else x[idx_H]
+  rows = lambda x: x if x.ndim == 0 else (
+      x.reshape((-1, K) + x.shape[1:])[idx_H].reshape((-1,) + x.shape[1:]))
+  return jax.tree.map(items, s.replace(cache=None)).replace(cache=jax.tree.map(rows, s.cache))
+
+
+def _put_items(s: BeamState, part: BeamState, idx_H: Array, K: int) -> BeamState:
+  """`s` with items idx_H replaced by `part` (_select_items' inverse); 0-dim leaves
+  (the step, a shared cache counter) come from `part`, which ran on."""
+  items = lambda x, y: y if x.ndim == 0 else x.at[idx_H].set(y)
+  rows = lambda x, y: y if x.ndim == 0 else (
+      x.reshape((-1, K) + x.shape[1:]).at[idx_H].set(y.reshape((-1, K) + y.shape[1:]))
+      .reshape(x.shape))
+  return jax.tree.map(items, s.replace(cache=None), part.replace(cache=None)).replace(
+      cache=jax.tree.map(rows, s.cache, part.cache))
+
+
+def _while_compacting(done_fn, body_fn, state: BeamState, out_len: int, grow,
+                      K: int, halvings: int) -> BeamState:
+  """_while for beam search, which also drops finished items from the batch.
+
+  Once at most half of the B items are still searching, the loop goes on over a
+  batch of B/2 items (those, plus finished ones to fill it) and writes them back
+  when it ends; up to `halvings` times (B/2, B/4, ...), each a further loop in the
+  compiled program. A finished item's state is frozen, so the results are those of
+  the full-batch loop; the rows it saves are the finished items' (sorted batches
+  of similar sources still end unevenly). Shapes are static, so the batch can
+  only shrink inside the first cache length (the cache grows at full size).
+  """
+  first_len = out_len if grow is None else min(grow[0], out_len)
+  searching = lambda s: ~done_fn(s)
+
+  def run(s, level):
+    B = s.done.shape[0]
+    half = (B + 1) // 2
+    can_halve = level < halvings and half < B
+
+    def cond(s):
+      go = (s.t < first_len) & jnp.any(searching(s))
+      return go & (jnp.sum(searching(s)) > half) if can_halve else go
+
+    s = jax.lax.while_loop(cond, body_fn, s)
+    if not can_halve:
+      return s
+
+    def halve(s):
+      s = s.replace(done=done_fn(s))  # What the next step would mark; done is sticky.
+      idx_H = jnp.argsort(s.done, stable=True)[:half]  # The searching items first.
+      return _put_items(s, run(_select_items(s, idx_H, K), level + 1), idx_H, K)
+
+    return jax.lax.cond((s.t < first_len) & jnp.any(searching(s)), halve, lambda s: s, s)
+
+  s = run(state, 0)
+  if first_len >= out_len:
+    return s
+  s = s.replace(cache=grow[1](s.cache))
+  return jax.lax.while_loop(lambda s: (s.t < out_len) & jnp.any(searching(s)), body_fn, s)
 
 
 def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 beam_size: int, alpha: float, max_len: MaxLen, bos_id: int,
                 eos_id: int, out_len: Optional[int] = None,
                 best_only: bool = False, grow=None,
-                reorder_fn: Callable[[Any, Array], Any] = gather_beams
-                ) -> Tuple[Array, Array]:
+                reorder_fn: Callable[[Any, Array], Any] = gather_beams,
+                compact: int = 0) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -211,7 +273,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   an item with nothing finished returns its alive beams.
   The cache must have N = batch_size * beam_size rows (batch-major);
   reorder_fn(cache, parent_BxK) picks each new beam's parent row (default
-  gather_beams).
+  gather_beams). With compact = n > 0 the loop halves its batch up to n times as
+  items finish (_while_compacting): logits_fn and reorder_fn then also see fewer
+  rows, and every cache leaf with a leading dim must be per-row.
   """
   B, K = batch_size, beam_size
   max_len_B, L = _row_limits(max_len, B, out_len)
@@ -221,12 +285,12 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     # Future finished lengths lie in [t+1, max_len]; lp is monotone, so the
     # largest penalty (the best score for logp < 0) is at one end.
     lp_best_B = jnp.maximum(length_penalty(s.t + 1, alpha),
-                            length_penalty(max_len_B, alpha))
+                            length_penalty(s.limit, alpha))
     fin_B = (jnp.max if best_only else jnp.min)(
         jnp.where(s.fin_ok, s.fin_score, NEG_INF), axis=1)
     # Without best_only all K finished hypotheses must be final (the worst one
     # beats the bound; an empty slot is -inf); with it, the best one alone.
-    return ((s.t >= max_len_B) | (live_best_B == NEG_INF)
+    return ((s.t >= s.limit) | (live_best_B == NEG_INF)
             | (fin_B > live_best_B / lp_best_B))
 
   def done_fn(s):
@@ -236,6 +300,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
 
   def body_fn(s):
     t = s.t
+    B = s.done.shape[0]  # Fewer than batch_size once compacted.
     done_B = done_fn(s)
     active_B = ~done_B
     logits_NxV, cache = logits_fn(s.last.reshape(B * K, 1), s.cache, t)
@@ -283,6 +348,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
         fin_score=keep(fin_score_BxK, s.fin_score),
         fin_ok=keep(fin_ok_BxK, s.fin_ok),
         fin_seqs=keep(fin_seqs_BxKxL, s.fin_seqs),
+        limit=s.limit,
         # The cache is reordered by the chosen parents, never recomputed.
         cache=reorder_fn(cache, parent_BxK.astype(jnp.int32)),
     )
@@ -299,9 +365,13 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
       fin_score=jnp.full((B, K), NEG_INF, jnp.float32),
       fin_ok=jnp.zeros((B, K), bool),
       fin_seqs=jnp.full((B, K, L), PAD_ID, jnp.int32),
+      limit=max_len_B,
       cache=cache,
   )
-  s = _while(lambda s: ~jnp.all(done_fn(s)), body_fn, init, L, grow)
+  if compact:
+    s = _while_compacting(done_fn, body_fn, init, L, grow, K, compact)
+  else:
+    s = _while(lambda s: ~jnp.all(done_fn(s)), body_fn, init, L, grow)
 
   live_score_BxK = s.live_logp / length_penalty(s.steps, alpha)[:, None]
   score_Bx2K = jnp.concatenate([s.fin_score, live_score_BxK], axis=1)
