@@ -62,15 +62,6 @@ def _compiled(model, params, inputs, rng, mesh, settings):
   return _COMPILED[key]
 
 
-def _row_count(rows, full_rows, multiple):
-  """Rows padded up to multiple * 2^k (at most a full batch), so the last, partial
-  batch of each length reuses few shapes, hence few compilations."""
-  padded = multiple
-  while padded < rows:
-    padded *= 2
-  return max(rows, min(padded, full_rows))
-
-
 def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_size=4,
                alpha=0.6, max_extra_len=50, rng=None, temperature=1.0, top_k=0,
                tokens_per_batch=None, compact=0, timings=None):
@@ -104,11 +95,9 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
                                                 batch_multiple=multiple,
                                                 max_length=config.data.max_length):
     indices = [order[p] for p in positions.tolist()]
-    inputs = batch["inputs"]
-    rows, width = inputs.shape
-    rows = _row_count(rows, (tokens_per_batch // width) // multiple * multiple, multiple)
-    inputs = np.pad(inputs, ((0, rows - inputs.shape[0]), (0, 0)))
-    placed = sharding.place_batch(sharding.host_rows({"inputs": inputs}), mesh)["inputs"]
+    # eval_batches pads the rows to few shapes: few compilations.
+    placed = sharding.place_batch(sharding.host_rows({"inputs": batch["inputs"]}),
+                                  mesh)["inputs"]
     batch_rng = jax.random.fold_in(rng, batches)
     start = time.perf_counter()
     fn = _compiled(model, params, placed, batch_rng, mesh, settings)

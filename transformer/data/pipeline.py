@@ -232,12 +232,18 @@ def eval_batches(examples, tokens_per_batch, batch_multiple=1, max_length=None):
   """Yields (indices, batch) covering every example once, bucketed by length, in a fixed order.
 
   `indices` are the example indices of the batch's first len(indices) rows; the
-  remaining rows (up to a multiple of batch_multiple) are all PAD.
+  remaining rows are all PAD. A bucket's last, partial batch is padded to
+  batch_multiple * 2^k rows (at most a full batch), so the batches of every chunk
+  of a long split share a few shapes: each new shape is another compiled program
+  held in memory by whoever runs them (evaluate's loss and decoding).
   """
   if not examples:
     return
   buckets, bucket_of = _buckets(np.maximum(*_lengths(examples)), max_length,
                                 'an eval example')
   for length, chunk in _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple):
-    padded = -(-len(chunk) // batch_multiple) * batch_multiple
+    full, padded = _rows_for(length, tokens_per_batch, batch_multiple), batch_multiple
+    while padded < len(chunk):
+      padded *= 2
+    padded = max(len(chunk), min(padded, full))
     yield np.array(chunk, np.int64), _padded_batch(examples, _fill(chunk, padded, -1), length)
