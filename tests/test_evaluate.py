@@ -201,8 +201,8 @@ def test_decode_ab_compares_compaction_with_the_same_outputs(workdir, tmp_path, 
   from benchmarks import decode_ab  # pylint: disable=import-outside-toplevel
   out = tmp_path / "ab.json"
   monkeypatch.setattr(sys, "argv", [
-      "decode_ab", "--workdir", workdir, "--split", "test", "--limit", "48", "--runs", "2",
-      "--variant", "compact=0", "--variant", "compact=2,tokens_per_batch=256",
+      "decode_ab", "--workdir", workdir, "--split", "test", "--limit", "24", "--runs", "2",
+      "--variant", "compact=0", "--variant", "compact=1,tokens_per_batch=128",
       "--json", str(out)])
   decode_ab.main()
   table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| compact")]
