@@ -67,7 +67,11 @@ def main():
   config = workdir_lib.load_config(args.workdir)
   split = args.split or config.data.test_split
   tokenizer = workdir_lib.load_tokenizer(args.workdir, config)
-  examples, _, _ = next(data_lib.iter_eval(config.data, tokenizer, split, 10**9, args.limit))
+  # One chunk: the whole split (or its first --limit examples).
+  first = next(data_lib.iter_eval(config.data, tokenizer, split, 10**9, args.limit), None)
+  if not first or not first[0]:
+    raise SystemExit(f"split {split!r} of {config.data.dataset} has no examples")
+  examples = first[0]
   restored = workdir_lib.restore(args.workdir, args.checkpoint)
   variants = {text: with_decode(config, parse_variant(text)) for text in args.variant}
   timings = {text: [] for text in variants}

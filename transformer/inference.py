@@ -23,8 +23,9 @@ def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None,
                     compact=None) -> dict:
   """The search settings given, the experiment's config.decode for those not given."""
   given = dict(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, compact=compact)
-  # .get: configs saved before decode.compact existed lack it (off).
-  return {k: config.decode.get(k, 0) if v is None else v for k, v in given.items()}
+  # Configs saved before decode.compact existed lack it: off. The other fields are required.
+  saved = {"compact": 0, **config.decode.to_dict()}
+  return {k: saved[k] if v is None else v for k, v in given.items()}
 
 
 def check_settings(mode, beam_size, alpha, max_extra_len, compact=0):
