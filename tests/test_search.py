@@ -265,6 +265,7 @@ def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
         rows_run.clear()
         ids_BxKxL, scores_BxK = jax.block_until_ready(
             run(table, max_len_B, K=K, best_only=best_only, compact=compact))
+        jax.effects_barrier()  # Every step's callback has run.
         rows.append(int(sum(rows_run)))
         if compact == 0:
           want_ids, want_scores = ids_BxKxL, scores_BxK
