@@ -254,6 +254,7 @@ def test_dropout_acts_on_sublayer_outputs_and_embedding_sums_only():
   exactly that module's output."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from transformer.attention import MultiHeadAttention  # pylint: disable=g-import-not-at-top
+  from transformer.dropout import Dropout  # pylint: disable=g-import-not-at-top
   from transformer.model import FeedForward, PositionalEncoding  # pylint: disable=g-import-not-at-top
   for norm_position in ("post", "pre"):
     cfg = tiny_config(dropout=0.3, norm_position=norm_position)
@@ -273,9 +274,9 @@ def test_dropout_acts_on_sublayer_outputs_and_embedding_sums_only():
                   rngs={"dropout": jax.random.key(1)})
     sites = []
     for i, (module, parent, x, _) in enumerate(calls):
-      if not isinstance(module, nn.Dropout):
+      if not isinstance(module, Dropout):
         continue
-      before = [c for c in calls[:i] if c[1] == parent and not isinstance(c[0], nn.Dropout)]
+      before = [c for c in calls[:i] if c[1] == parent and not isinstance(c[0], Dropout)]
       source, _, _, source_out = before[-1]
       assert isinstance(source, (MultiHeadAttention, FeedForward, PositionalEncoding))
       np.testing.assert_array_equal(x, source_out)

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.config import ModelConfig
+from transformer.dropout import dropout
 from transformer.mixed_precision import dense_dot_general
 
 Array = jax.Array
@@ -106,8 +107,7 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_
     scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
   probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
   if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs_BxHxTxS.shape)
-    probs_BxHxTxS = jnp.where(keep, probs_BxHxTxS / (1.0 - dropout_rate), 0.0)
+    probs_BxHxTxS = dropout(probs_BxHxTxS, dropout_rate, dropout_rng)
   kv = "bhsk" if heads_major else "bshk"
   return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 

@@ -18,6 +18,7 @@ import numpy as np
 from transformer import attention, decode
 from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
+from transformer.dropout import Dropout
 from transformer.mixed_precision import dense_dot_general, dot_f32
 
 Array = jax.Array
@@ -130,7 +131,7 @@ def _residual(cfg: ModelConfig, x, sublayer, *, deterministic: bool, name: str):
   """Post-LN: LayerNorm(x + Dropout(Sublayer(x))) (3.1, 5.4); pre-LN: x + Dropout(Sublayer(LayerNorm(x)))."""
   norm = nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name=f"{name}_norm")
   y = sublayer(norm(x) if cfg.norm_position == "pre" else x)
-  y = nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+  y = Dropout(cfg.dropout)(y, deterministic=deterministic)
   return x + y if cfg.norm_position == "pre" else norm(x + y)
 
 
@@ -193,7 +194,7 @@ class Encoder(nn.Module):
     cfg = self.config
     x_BxSxD = PositionalEncoding(cfg, name="positional")(
         self.embed(inputs_BxS), _positions(inputs_BxS, inputs_position))
-    x_BxSxD = nn.Dropout(cfg.dropout)(x_BxSxD, deterministic=deterministic)
+    x_BxSxD = Dropout(cfg.dropout)(x_BxSxD, deterministic=deterministic)
     mask = attention.padding_mask(inputs_BxS, cfg.pad_id)
     if inputs_segmentation is not None:
       mask = attention.combine_masks(
@@ -238,7 +239,7 @@ class Decoder(nn.Module):
 
     y_BxTxD = PositionalEncoding(cfg, name="positional")(
         self.embed(decoder_inputs_BxT), positions_BxT)
-    y_BxTxD = nn.Dropout(cfg.dropout)(y_BxTxD, deterministic=deterministic)
+    y_BxTxD = Dropout(cfg.dropout)(y_BxTxD, deterministic=deterministic)
     for i in range(cfg.num_layers):
       y_BxTxD = DecoderLayer(cfg, name=f"layer_{i}")(
           y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic=deterministic,

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.config import ModelConfig
+from transformer.dropout import Dropout
 from transformer.model import ModuleDecoding, embeddings, shift_right
 
 Array = jax.Array
@@ -47,7 +48,7 @@ class RNNEncoder(nn.Module):
     lengths_B = jnp.sum(inputs_BxS != cfg.pad_id, axis=1)
     x_BxSxD = self.embed(inputs_BxS)
     for i in range(cfg.num_layers):
-      x_BxSxD = nn.Dropout(cfg.dropout)(x_BxSxD, deterministic=deterministic)
+      x_BxSxD = Dropout(cfg.dropout)(x_BxSxD, deterministic=deterministic)
       # parent=None: each RNN adopts its cell, the layer its RNNs (named parameters).
       direction = lambda: nn.RNN(_cell(cfg, cfg.d_model // 2, parent=None), parent=None)
       x_BxSxD = nn.Bidirectional(direction(), direction(), name=f"layer_{i}")(
@@ -90,7 +91,7 @@ class AttentionDecoderCell(nn.Module):
       new_states = []
       for i, state in enumerate(states):
         if i:
-          x_BxI = nn.Dropout(cfg.dropout)(x_BxI, deterministic=deterministic)
+          x_BxI = Dropout(cfg.dropout)(x_BxI, deterministic=deterministic)
         state, x_BxI = _cell(cfg, cfg.d_model, name=f"layer_{i}")(state, x_BxI)
         new_states.append(state)
       return tuple(new_states), x_BxI
@@ -132,7 +133,7 @@ class RNNDecoder(nn.Module):
     if cfg.rnn_attention != "luong_dot":
       self.keys = nn.Dense(cfg.d_model, use_bias=False, dtype=cfg.compute_dtype)
     self.cell = AttentionDecoderCell(cfg)
-    self.dropout = nn.Dropout(cfg.dropout)
+    self.dropout = Dropout(cfg.dropout)
     if not cfg.tie_output:
       self.logits = nn.Dense(cfg.output_vocab_size, use_bias=False, dtype=cfg.compute_dtype)
 
