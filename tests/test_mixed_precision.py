@@ -1,12 +1,13 @@
 """Tests for transformer/mixed_precision.py: the Dense layers' products."""
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.mixed_precision import dense_dot_general
+from transformer.mixed_precision import Dense, dense
 
 # The model's Dense forms: FFN [B,T,D] x [D,F]; Q/K/V [B,T,D] x [D,H,K];
 # heads merge [B,T,H,K] x [H,K,D].
@@ -17,38 +18,46 @@ def dense_dims(x_ndim, n):
   return ((tuple(range(x_ndim - n, x_ndim)), tuple(range(n))), ((), ()))
 
 
-def loss_fn(dot, dtype, dims):
-  """A scalar of the product with a non-uniform cotangent."""
-  return lambda x, w: jnp.sum(jnp.sin(dot(x.astype(dtype), w.astype(dtype), dims)
-                                      .astype(jnp.float32)))
+def autodiff_dense(x, w, b, n):
+  """The reference: autodiff of lax.dot_general plus a broadcast bias."""
+  out = jax.lax.dot_general(x, w, dense_dims(x.ndim, n))
+  return out if b is None else out + b.reshape((1,) * (out.ndim - b.ndim) + b.shape)
 
 
-def inputs(x_shape, w_shape):
-  kx, kw = jax.random.split(jax.random.key(0))
-  return jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape)
+def loss_fn(fn, dtype, n):
+  """A scalar of the layer's output with a non-uniform cotangent."""
+  return lambda x, w, b: jnp.sum(jnp.sin(
+      fn(x.astype(dtype), w.astype(dtype), b, n).astype(jnp.float32)))
+
+
+def inputs(x_shape, w_shape, n):
+  kx, kw, kb = jax.random.split(jax.random.key(0), 3)
+  return (jax.random.normal(kx, x_shape), jax.random.normal(kw, w_shape),
+          jax.random.normal(kb, w_shape[n:]))
 
 
 @pytest.mark.parametrize("x_shape,w_shape,n", FORMS)
-def test_float32_equals_autodiff_of_lax_dot_general(x_shape, w_shape, n):
-  """The hand-written gradient (2-D weight-gradient product) against autodiff:
-  the same value exactly, the same gradients up to float32 summation order."""
-  x, w = inputs(x_shape, w_shape)
-  dims = dense_dims(len(x_shape), n)
-  ours = jax.jit(jax.value_and_grad(loss_fn(dense_dot_general, jnp.float32, dims), (0, 1)))(x, w)
-  ref = jax.jit(jax.value_and_grad(loss_fn(jax.lax.dot_general, jnp.float32, dims), (0, 1)))(x, w)
-  np.testing.assert_array_equal(ours[0], ref[0])
-  for a, b in zip(ours[1], ref[1]):
-    assert a.shape == b.shape and a.dtype == b.dtype
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("bias", [True, False])
+def test_float32_equals_autodiff(x_shape, w_shape, n, bias):
+  """The hand-written gradient (2-D weight-gradient product, bias gradient as a
+  product with ones) against autodiff, up to float32 summation order."""
+  x, w, b = inputs(x_shape, w_shape, n)
+  b = b if bias else None
+  argnums = (0, 1, 2) if bias else (0, 1)
+  ours = jax.jit(jax.value_and_grad(loss_fn(dense, jnp.float32, n), argnums))(x, w, b)
+  ref = jax.jit(jax.value_and_grad(loss_fn(autodiff_dense, jnp.float32, n), argnums))(x, w, b)
+  np.testing.assert_allclose(ours[0], ref[0], rtol=1e-6)
+  for a, r in zip(ours[1], ref[1]):
+    assert a.shape == r.shape and a.dtype == r.dtype
+    np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
 
 
 def test_float32_weight_gradient_is_one_2d_product():
   """What makes the float32 step fast on a CPU: the weight gradient contracts one
   flattened token axis, not autodiff's batch and time axes of [B, T, ...] arrays."""
-  x, w = inputs((3, 5, 2, 4), (2, 4, 8))
-  dims = dense_dims(4, 2)
-  grad = jax.jit(jax.grad(loss_fn(dense_dot_general, jnp.float32, dims), 1))
-  text = grad.lower(x, w).as_text()
+  x, w, b = inputs((3, 5, 2, 4), (2, 4, 8), 2)
+  grad = jax.jit(jax.grad(loss_fn(dense, jnp.float32, 2), 1))
+  text = grad.lower(x, w, b).as_text()
   assert re.search(r"stablehlo\.dot_general.*contracting_dims = \[0\] x \[0\].*"
                    r"tensor<15x8xf32>, tensor<15x8xf32>\) -> tensor<8x8xf32>", text), text
 
@@ -57,52 +66,52 @@ def test_float32_weight_gradient_is_one_2d_product():
 def test_bfloat16_values_and_gradients_match_float32_accumulation(x_shape, w_shape, n):
   """Against float32 math on the same bf16-rounded inputs: only the rounding of
   the product and of the cotangent to bf16 differs (~2^-8 relative)."""
-  x, w = inputs(x_shape, w_shape)
-  dims = dense_dims(len(x_shape), n)
+  x, w, b = inputs(x_shape, w_shape, n)
   x16, w16 = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-  out = dense_dot_general(x16, w16, dims)
+  out = dense(x16, w16, b, n)
   assert out.dtype == jnp.bfloat16
-  ref = jax.lax.dot_general(x16.astype(jnp.float32), w16.astype(jnp.float32), dims)
-  np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=1e-2, atol=1e-2)
+  ref = autodiff_dense(x16.astype(jnp.float32), w16.astype(jnp.float32), b, n)
+  np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=1e-2, atol=2e-2)
 
-  grads = jax.grad(lambda x, w: jnp.sum(jnp.sin(dense_dot_general(x, w, dims)
-                                                .astype(jnp.float32))), (0, 1))(x16, w16)
-  ref_grads = jax.grad(loss_fn(jax.lax.dot_general, jnp.float32, dims), (0, 1))(
-      x16.astype(jnp.float32), w16.astype(jnp.float32))
-  for g, r in zip(grads, ref_grads):
-    assert g.dtype == jnp.bfloat16
+  grads = jax.grad(lambda x, w, b: jnp.sum(jnp.sin(dense(x, w, b, n).astype(jnp.float32))),
+                   (0, 1, 2))(x16, w16, b)
+  ref_grads = jax.grad(loss_fn(autodiff_dense, jnp.float32, n), (0, 1, 2))(
+      x16.astype(jnp.float32), w16.astype(jnp.float32), b)
+  for g, r, dtype in zip(grads, ref_grads, (jnp.bfloat16, jnp.bfloat16, jnp.float32)):
+    assert g.dtype == dtype
     scale = float(jnp.max(jnp.abs(r)))
     np.testing.assert_allclose(g.astype(jnp.float32), r, atol=0.03 * scale)
 
 
 def test_bfloat16_products_all_accumulate_in_float32():
   """What makes the bf16 step fast on a CPU: every dot of the forward and
-  backward pass has a float32 result (a bf16-result dot runs at float32 speed)."""
-  x, w = inputs((3, 5, 8), (8, 6))
-  dims = dense_dims(3, 1)
-  grad = jax.jit(jax.grad(loss_fn(dense_dot_general, jnp.bfloat16, dims), (0, 1)))
-  text = grad.lower(x, w).as_text()
+  backward pass has a float32 result (a bf16-result dot runs at float32 speed),
+  and the bias gradient is a dot, not a reduction of bf16 values."""
+  x, w, b = inputs((3, 5, 8), (8, 6), 1)
+  grad = jax.jit(jax.grad(loss_fn(dense, jnp.bfloat16, 1), (0, 1, 2)))
+  text = grad.lower(x, w, b).as_text()
   results = re.findall(r"stablehlo\.dot_general.*?->\s*tensor<[^>]*x(\w+)>", text)
-  assert len(results) == 3 and set(results) == {"f32"}, results
-  plain = jax.jit(jax.grad(loss_fn(jax.lax.dot_general, jnp.bfloat16, dims), (0, 1)))
+  assert len(results) == 4 and set(results) == {"f32"}, results
+  assert "stablehlo.reduce" not in text
+  plain = jax.jit(jax.grad(loss_fn(autodiff_dense, jnp.bfloat16, 1), (0, 1)))
   assert "bf16" in re.findall(r"stablehlo\.dot_general.*?->\s*tensor<[^>]*x(\w+)>",
-                              plain.lower(x, w).as_text())
+                              plain.lower(x, w, None).as_text())
 
 
-def test_other_forms_pass_through():
-  """A batched product (not a Dense layer's) is jax.lax.dot_general as is."""
-  a = jnp.ones((2, 3, 4), jnp.bfloat16); b = jnp.ones((2, 4, 5), jnp.bfloat16)
-  dims = (((2,), (1,)), ((0,), (0,)))
-  out = dense_dot_general(a, b, dims)
-  assert out.dtype == jnp.bfloat16 and out.shape == (2, 3, 5)
-  np.testing.assert_array_equal(out, jax.lax.dot_general(a, b, dims))
-  # A Dense product that asks for a precision keeps it: lax.dot_general's path.
-  x, w = (v.astype(jnp.bfloat16) for v in inputs((3, 5, 8), (8, 6)))
-  highest = jax.lax.Precision.HIGHEST
-  text = jax.jit(lambda x, w: dense_dot_general(x, w, dense_dims(3, 1), precision=highest)
-                 ).lower(x, w).as_text()
-  assert "HIGHEST" in text and "f32" not in re.findall(
-      r"stablehlo\.dot_general.*?->\s*tensor<[^>]*x(\w+)>", text)
+@pytest.mark.parametrize("features,axes,x_shape", [(6, 1, (3, 5, 8)), ((2, 4), 1, (3, 5, 8)),
+                                                   (8, 2, (3, 5, 2, 4))])
+def test_dense_module_is_dense_general(features, axes, x_shape):
+  """Dense has nn.DenseGeneral's parameters (names, shapes, initial values) and outputs."""
+  x = jax.random.normal(jax.random.key(1), x_shape)
+  ours = Dense(features, axes=axes)
+  theirs = nn.DenseGeneral(features, axis=tuple(range(-axes, 0)),
+                           kernel_init=nn.initializers.xavier_uniform())
+  params = ours.init(jax.random.key(2), x)
+  ref_params = theirs.init(jax.random.key(2), x)
+  jax.tree.map(np.testing.assert_array_equal, params, ref_params)
+  params = jax.tree.map(lambda p: p + 0.1, params)  # A nonzero bias.
+  np.testing.assert_allclose(ours.apply(params, x), theirs.apply(params, x), rtol=1e-5, atol=1e-6)
+  assert "bias" not in Dense(features, axes=axes, use_bias=False).init(jax.random.key(2), x)["params"]
 
 
 def test_auto_dtype_is_bfloat16_on_accelerators_and_float32_on_cpus():

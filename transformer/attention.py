@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from transformer.config import ModelConfig
 from transformer.dropout import dropout
-from transformer.mixed_precision import dense_dot_general
+from transformer.mixed_precision import Dense
 
 Array = jax.Array
 
@@ -187,13 +187,11 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BxTxD, memory_BxSxD, mask, *, deterministic: bool,
                decode: bool = False, decode_step: Optional[Array] = None):
     cfg = self.config
-    dense = lambda name, size: nn.DenseGeneral(
+    dense = lambda name, size: Dense(
         (cfg.num_heads, size), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
-        kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
         name=name)
-    merge_heads = lambda out_BxTxHxK: nn.DenseGeneral(  # Concat(head_1..head_h) W_O.
-        cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
-        kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general,
+    merge_heads = lambda out_BxTxHxK: Dense(  # Concat(head_1..head_h) W_O.
+        cfg.d_model, axes=2, use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
         name="out")(out_BxTxHxK)
     q_BxTxHxK = dense("query", cfg.key_dim)(x_BxTxD)
     score_params = _score_params(self, cfg)

@@ -1,8 +1,8 @@
-"""The Dense layers' products and their gradients, written out for speed on a CPU.
+"""The model's Dense layer, with its products and gradients written out for speed on a CPU.
 
-`dense_dot_general` is what the model's Dense layers call. It computes the same
-values as jax.lax.dot_general, with a hand-written gradient for two reasons
-(benchmarks/README.md, 'Measurements behind the code'):
+`Dense` is nn.DenseGeneral's parameters over `dense`, which computes the same
+values as jax.lax.dot_general (plus the bias) with a hand-written gradient, for
+three reasons (benchmarks/README.md, 'Measurements behind the code'):
 - The weight gradient is one 2-D product, x[N, in]^T g[N, out], with the tokens
   flattened into N. Autodiff's form contracts the batch and time axes of [B, T, ...]
   arrays, and XLA's CPU backend then copies one operand transposed, fused into
@@ -13,16 +13,19 @@ values as jax.lax.dot_general, with a hand-written gradient for two reasons
   dot with a bfloat16 *output* at float32 speed on a CPU, and bfloat16 inputs
   with a float32 output at about twice that. Half-precision gradients
   accumulated in float32 are also what mixed-precision training prescribes.
+- The bias is added to the float32 product before rounding, and its gradient is
+  a float32 product of a ones vector with g: the sum of a bfloat16 g over the
+  tokens became slow `reduce-window` thunks on a CPU.
 """
-import math
-
 import functools
+import math
+from typing import Any, Callable, Optional, Sequence, Union
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-_HALF = (jnp.bfloat16, jnp.float16)
-_DTYPES = _HALF + (jnp.float32,)
+Array = jax.Array
 
 
 def dot_f32(a, b, contract_a, contract_b, dtype=jnp.float32):
@@ -40,45 +43,59 @@ def _last(n, ndim):
   return tuple(range(ndim - n, ndim))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _tensordot(x, w, n):
-  """Contracts the last n axes of x with the first n of w (a Dense layer's product)."""
-  return dot_f32(x, w, _last(n, x.ndim), _first(n), x.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def dense(x: Array, w: Array, b: Optional[Array], n: int) -> Array:
+  """x's last n axes contracted with w's first n, plus b (float32 accumulation), as x.dtype."""
+  out = dot_f32(x, w, _last(n, x.ndim), _first(n))
+  if b is not None:
+    out = out + b.astype(jnp.float32).reshape((1,) * (out.ndim - b.ndim) + b.shape)
+  return out.astype(x.dtype)
 
 
-def _tensordot_fwd(x, w, n):
-  return _tensordot(x, w, n), (x, w)
+def _dense_fwd(x, w, b, n):
+  return dense(x, w, b, n), (x, w, b)
 
 
-def _tensordot_bwd(n, residuals, g):
-  x, w = residuals
+def _dense_bwd(n, residuals, g):
+  x, w, b = residuals
   k = w.ndim - n  # output feature axes
-  # dx[..., c] = sum_o g[..., o] w[c, o];  dw[c, o] = sum_n x[n, c] g[n, o].
+  # dx[..., c] = sum_o g[..., o] w[c, o];  dw[c, o] = sum_t x[t, c] g[t, o];  db[o] = sum_t g[t, o].
   dx = dot_f32(g, w, _last(k, g.ndim), _last(k, w.ndim), x.dtype)
   fan_in, fan_out = math.prod(w.shape[:n]), math.prod(w.shape[n:])
-  dw = dot_f32(x.reshape(-1, fan_in), g.reshape(-1, fan_out), (0,), (0,), w.dtype)
-  return dx, dw.reshape(w.shape)
+  g_NxO = g.reshape(-1, fan_out)
+  dw = dot_f32(x.reshape(-1, fan_in), g_NxO, (0,), (0,), w.dtype).reshape(w.shape)
+  db = None
+  if b is not None:
+    ones_N = jnp.ones(g_NxO.shape[:1], g.dtype)
+    db = dot_f32(ones_N, g_NxO, (0,), (0,), b.dtype).reshape(b.shape)
+  return dx, dw, db
 
 
-_tensordot.defvjp(_tensordot_fwd, _tensordot_bwd)
+dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def dense_dot_general(lhs, rhs, dimension_numbers, precision=None,
-                      preferred_element_type=None, **kwargs):
-  """jax.lax.dot_general, with the gradient above for a Dense layer's product.
+class Dense(nn.Module):
+  """nn.DenseGeneral over the last `axes` input axes, computed by `dense`.
 
-  Takes that path only for the Dense form (the last n axes of lhs against the
-  first n of rhs, no batch axes) with both inputs of one dtype (float32 or a
-  half precision) and no precision asked for; anything else is
-  jax.lax.dot_general unchanged.
+  The parameters are DenseGeneral's (so checkpoints and sharding rules carry
+  over): kernel [*in, *features], initialised on its [fan_in, fan_out] form;
+  bias [*features], zeros, float32. Inputs and kernel are cast to `dtype`.
   """
-  (contract_l, contract_r), (batch_l, batch_r) = dimension_numbers
-  n = len(contract_l)
-  dense_form = (not batch_l and not batch_r
-                and tuple(contract_l) == _last(n, lhs.ndim)
-                and tuple(contract_r) == _first(n))
-  if (dense_form and lhs.dtype == rhs.dtype and lhs.dtype in _DTYPES
-      and precision is None and preferred_element_type in (None, lhs.dtype)):
-    return _tensordot(lhs, rhs, n)
-  return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                             preferred_element_type=preferred_element_type, **kwargs)
+
+  features: Union[int, Sequence[int]]
+  axes: int = 1
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+    fan_in = x.shape[x.ndim - self.axes:]
+    kernel = self.param(
+        "kernel", lambda rng, shape: self.kernel_init(
+            rng, (math.prod(fan_in), math.prod(features))).reshape(shape),
+        fan_in + features)
+    bias = (self.param("bias", nn.initializers.zeros_init(), features)
+            if self.use_bias else None)
+    return dense(x.astype(self.dtype), kernel.astype(self.dtype), bias, self.axes)

@@ -19,7 +19,7 @@ from transformer import attention, decode
 from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.dropout import Dropout
-from transformer.mixed_precision import dense_dot_general, dot_f32
+from transformer.mixed_precision import Dense, dot_f32
 
 Array = jax.Array
 
@@ -120,9 +120,7 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxD):
     cfg = self.config
-    dense = lambda features, name: nn.Dense(
-        features, dtype=cfg.compute_dtype, name=name,
-        kernel_init=nn.initializers.xavier_uniform(), dot_general=dense_dot_general)
+    dense = lambda features, name: Dense(features, dtype=cfg.compute_dtype, name=name)
     h_BxTxF = getattr(jax.nn, cfg.activation)(dense(cfg.d_ff, "inner")(x_BxTxD))
     return dense(cfg.d_model, "outer")(h_BxTxF)
 
