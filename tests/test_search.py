@@ -3,6 +3,7 @@ exhaustive and reference searches written in numpy."""
 import functools
 import itertools
 
+from hypothesis import given, settings, strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,6 +76,29 @@ def check_well_formed(ids_L):
   if EOS in ids_L:
     e = list(ids_L).index(EOS)
     assert np.all(ids_L[:e] != PAD) and np.all(ids_L[e + 1:] == PAD)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 3), length=st.integers(1, 300), k=st.integers(1, 8),
+       chunk=st.sampled_from([1, 3, 8, 16]), levels=st.integers(1, 6),
+       neg_inf=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1))
+def test_top_k_equals_lax_top_k_with_ties(rows, length, k, chunk, levels, neg_inf, seed):
+  """The chunked top-k returns lax.top_k's values and indices, ties (few distinct
+  values, -inf among them) going to the lower index, on any row length."""
+  k = min(k, length)
+  r = np.random.default_rng(seed)
+  x = r.integers(0, levels, (rows, length)).astype(np.float32)
+  x[r.random((rows, length)) < neg_inf] = -np.inf
+  want_values, want_indices = jax.lax.top_k(x, k)
+  values, indices = search.top_k(jnp.asarray(x), k, chunk=chunk)
+  np.testing.assert_array_equal(values, want_values)
+  np.testing.assert_array_equal(indices, want_indices)
+
+
+def test_top_k_on_a_long_row_of_distinct_values():
+  x = jax.random.normal(jax.random.key(0), (4, 32000))
+  for k in (1, 8):
+    np.testing.assert_array_equal(search.top_k(x, k)[1], jax.lax.top_k(x, k)[1])
 
 
 def test_greedy_stops_and_pads():
