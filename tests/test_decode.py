@@ -188,6 +188,39 @@ def test_model_beam_size_one_equals_greedy():
       decode_jit(mode='beam', beam_size=1, alpha=0.0, eos_id=M_EOS, **kw), greedy)
 
 
+def test_model_reordered_cache_equals_forward_of_reordered_prefixes():
+  """After `reorder` by beam parents, the next cached step of each row gives the
+  logits of the teacher-forced forward pass over its parent's prefix plus its new
+  token: the self-attention cache moves with the beams, the encoder's keys and
+  values stay with the item. Distinct random prefixes make every row's history
+  matter (the tiny model's own beams are too alike to show a wrong reorder)."""
+  model, params = tiny_model()
+  B, K, T = 2, 3, 4
+  inputs_BxS = jnp.asarray(sources([6, 3], 6, seed=6))
+  r = np.random.RandomState(1)
+  prefix_NxT = r.randint(4, M_V, (B * K, T)).astype(np.int32)
+  prefix_NxT[:, 0] = model.bos_id
+  next_Nx1 = r.randint(4, M_V, (B * K, 1)).astype(np.int32)
+  parent_BxK = np.array([[2, 2, 0], [1, 0, 1]], np.int32)
+
+  @functools.partial(jax.jit, **FAST)
+  def cached(params):
+    context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 8)
+    context, cache = jax.tree.map(
+        lambda x: x if x.ndim == 0 else jnp.repeat(x, K, axis=0), (context, cache))
+    for t in range(T):
+      _, cache = model.step(params, context, cache, jnp.asarray(prefix_NxT[:, t:t + 1]))
+    cache = model.reorder(cache, jnp.asarray(parent_BxK))
+    return model.step(params, context, cache, jnp.asarray(next_Nx1))[0]
+
+  rows_N = (np.arange(B)[:, None] * K + parent_BxK).reshape(-1)
+  full_NxT = np.concatenate([prefix_NxT[rows_N], next_Nx1], axis=1)
+  inputs_NxS = jnp.repeat(inputs_BxS, K, axis=0)
+  want_NxV = model.model.apply({'params': params}, model.encode(params, inputs_NxS),
+                               inputs_NxS, jnp.asarray(full_NxT), method='decode')[:, T]
+  np.testing.assert_allclose(cached(params), want_NxV, atol=1e-5, rtol=0)
+
+
 def test_model_beam_batch_items_independent_of_padding():
   model, params = tiny_model()
   inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))
