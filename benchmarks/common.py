@@ -225,14 +225,15 @@ def cpu_description(path="/proc/cpuinfo"):
   return {"cpu_model": model, "cpu_flags": found}
 
 
-def probed_peak(measure, n, dtype, budget_s=30.0):
-  """(measure(n, dtype=dtype) in FLOP/s, None), or (None, why) when a 256^3 probe
-  says one n^3 product would take over budget_s: without bfloat16 instructions a
-  framework may emulate them, and the 2048^3 product then runs for minutes."""
+def probed_peak(measure, n, dtype, budget_s=30.0, repeats=5):
+  """(measure(n, repeats, dtype) in FLOP/s, None), or (None, why) when a 256^3 probe
+  says its 1 + repeats n^3 products would take over budget_s: without bfloat16
+  instructions a framework may emulate them, and they then run for minutes (PyTorch
+  on an AVX2-only CPU: 1.3 GFLOP/s at 256^3, slower at 2048^3)."""
   probe = measure(256, repeats=1, dtype=dtype)
-  seconds = 2 * n**3 / probe
+  seconds = (1 + repeats) * 2 * n**3 / probe
   if seconds > budget_s:
-    return None, (f"one {n}^3 {dtype} product would take ~{seconds:.0f} s here "
+    return None, (f"{1 + repeats} {n}^3 {dtype} products would take ~{seconds:.0f} s here "
                   f"({probe / 1e9:.1f} GFLOP/s at 256^3)")
-  return measure(n, dtype=dtype), None
+  return measure(n, repeats=repeats, dtype=dtype), None
 

@@ -60,6 +60,7 @@ TARGETS = (  # (description, figure key, threshold, peer): ratios ours/peer; MFU
     ("beam-4 decoding sentences/s >= 2x Marian (KV cache)", "beam4 sentences/s", 2.0, "marian"),
 )
 PEERS = (("pytorch", "PyTorch"), ("marian", "Marian"))  # Results key, column name.
+STEP_BUDGET_S = 60.0  # PyTorch's training is left out where one step would take longer.
 
 
 def measure_peak(peaks, use_torch, n, dtype):
@@ -81,6 +82,24 @@ def measure_peak(peaks, use_torch, n, dtype):
   return use_torch
 
 
+def torch_trains(size, batch, step_seconds=None):
+  """Whether PyTorch's training goes in the run: not where a small probe says one
+  step would take over STEP_BUDGET_S (on an AVX2-only CPU its bfloat16 backward
+  products, unlike the forward ones the matmul probe times, ran at ~70 s a small
+  step), with a message saying so."""
+  if step_seconds is None:
+    from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+    step_seconds = torch_bench.step_seconds
+  seconds = step_seconds(size, batch)
+  if seconds <= STEP_BUDGET_S:
+    return True
+  print(f"PyTorch training skipped at {size.name}: one {size.dtype} step would take "
+        f"~{seconds:.0f} s here (scaled from a 4-row step; CPU flags: "
+        f"{' '.join(common.cpu_description()['cpu_flags']) or 'unknown'}); "
+        "its decoding stays in.", flush=True)
+  return False
+
+
 def _data_figures(size, examples, batches, batching):
   stats = common.epoch_stats(size, examples, batching)
   return {"data padding (target) %": 100 * stats["padding_target"],
@@ -98,12 +117,14 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
   marian = {}
   ours = _data_figures(size, examples, our_batches, "pack" if pack else "bucket")
   theirs = _data_figures(size, examples, batches, "bucket") if use_torch else {}
+  torch_train = use_torch and torch_trains(size, batches[0])
 
   # The frameworks alternate step by step (on the same batch unless `pack`), so
   # that a change in the machine's load (it may be shared) hits both alike.
   trainers = [jax_bench.Trainer(size, our_batches)]
   if use_torch:
     from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+  if torch_train:
     trainers.append(torch_bench.Trainer(size, batches))
   for trainer in trainers:
     trainer.warm_up()
@@ -119,7 +140,7 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
       "train compiled shapes after warm-up": r["compiled_shapes_after_warmup"],
       "train recompiles after warm-up": r["recompiles_after_warmup"],
   })
-  if use_torch:
+  if torch_train:
     theirs.update(_train_figures(trainers[1].figures()))
 
   # Decoding: the same sources, every row run to its limit; runs alternate likewise.
@@ -131,7 +152,8 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
     ours[f"{name} compile s"], runs[name] = jax_bench.decoder(
         model, params, sources, mode=mode, beam_size=4, max_extra_len=max_extra_len)
   if use_torch:
-    runs["torch greedy"] = torch_bench.decoder(trainers[1].model, sources, limits, size.dtype)
+    torch_model = trainers[1].model if torch_train else torch_bench.TorchTransformer(size)
+    runs["torch greedy"] = torch_bench.decoder(torch_model, sources, limits, size.dtype)
   if use_marian:
     from benchmarks import marian_bench  # pylint: disable=g-import-not-at-top
     hf = marian_bench.build(size, model.config.max_len)
@@ -154,7 +176,7 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
   return {"ours": ours, "pytorch": theirs, "marian": marian,
           "decode_limits": limits.tolist(),
           "step_s_all": {"ours": r["step_s_all"],
-                         "pytorch": use_torch and trainers[1].times},
+                         "pytorch": torch_train and trainers[1].times},
           "decode_s_all": times,
           "batch_shapes": {"ours": [list(b["targets"].shape) for b in our_batches],
                            "pytorch": [list(b["targets"].shape) for b in batches]}}

@@ -132,6 +132,18 @@ class Trainer:
                             self.faults)
 
 
+def step_seconds(size, batch, rows=4):
+  """Seconds one training step on `batch` would take here, from a step on its first
+  `rows` rows (after a warm-up step on them), scaled by the row count. A fresh
+  model and optimizer: the benchmark's own trainer is untouched."""
+  rows = min(rows, len(batch["targets"]))
+  trainer = Trainer(size, [{k: v[:rows] for k, v in batch.items()}])
+  trainer.warm_up()
+  t0 = time.perf_counter()
+  trainer._run(0)  # pylint: disable=protected-access
+  return (time.perf_counter() - t0) * len(batch["targets"]) / rows
+
+
 @torch.inference_mode()
 def greedy(model, src_BxS, max_len_B):
   """Greedy search without a cache: step t re-runs the decoder on all t + 1 tokens.

@@ -166,7 +166,9 @@ def test_cpu_description_reads_model_and_matmul_flags(tmp_path):
 
 def test_a_product_that_would_not_finish_is_skipped_after_a_small_probe():
   """A fake framework doing 0.01 GFLOP/s (emulated bfloat16): the 256^3 probe
-  says a 2048^3 product would take ~1700 s, so it is never started."""
+  says the peak's six 2048^3 products would take ~10,300 s, so none is started;
+  at 1.3 GFLOP/s (PyTorch's bfloat16 on an AVX2-only CPU) they would take ~79 s,
+  over the 30 s budget, though one alone would fit."""
   calls = []
 
   def measure(n, repeats=5, dtype="float32"):
@@ -175,6 +177,22 @@ def test_a_product_that_would_not_finish_is_skipped_after_a_small_probe():
 
   flops, why = common.probed_peak(measure, 2048, "bfloat16")
   assert flops is None and calls == [256]
-  assert "2048^3 bfloat16 product would take ~1718 s" in why
+  assert "6 2048^3 bfloat16 products would take ~10308 s" in why
+  flops, why = common.probed_peak(lambda n, repeats=5, dtype=None: 1.3e9, 2048, "bfloat16")
+  assert flops is None and "would take ~79 s" in why
   flops, why = common.probed_peak(lambda n, repeats=5, dtype=None: 1e11, 2048, "float32")
   assert flops == 1e11 and why is None
+
+
+def test_pytorch_training_is_left_out_where_one_step_would_not_finish(capsys):
+  """Where the probe scales a 4-row step to more than the budget (PyTorch's
+  bfloat16 backward on an AVX2-only CPU: ~70 s a small step), PyTorch's training
+  leaves the run with a message naming the size and the estimate; within it, it stays."""
+  size = common.SIZES["small"]
+  batch = {"targets": np.zeros((256, 16), np.int32)}
+  assert not run.torch_trains(size, batch, step_seconds=lambda size, batch: 70.4)
+  assert "PyTorch training skipped at small: one float32 step would take ~70 s" in (
+      capsys.readouterr().out)
+  assert run.torch_trains(size, batch, step_seconds=lambda size, batch: 1.5)
+  assert capsys.readouterr().out == ""
+
