@@ -163,8 +163,7 @@ def top_k(x_BxM: Array, k: int, chunk: int = 128) -> Tuple[Array, Array]:
   _, chunks_Bxk = jax.lax.top_k(jnp.max(x_BxCxW, axis=2), k)
   chunks_Bxk = jnp.sort(chunks_Bxk, axis=1)  # Index order, for the order of ties.
   values_Bxk, pos_Bxk = jax.lax.top_k(_take(x_BxCxW, chunks_Bxk).reshape(B, k * chunk), k)
-  return values_Bxk, jnp.take_along_axis(chunks_Bxk, pos_Bxk // chunk, axis=1) * chunk + (
-      pos_Bxk % chunk)
+  return values_Bxk, _take(chunks_Bxk, pos_Bxk // chunk) * chunk + pos_Bxk % chunk
 
 
 def length_penalty(length, alpha) -> Array:
