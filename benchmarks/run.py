@@ -24,12 +24,9 @@ load (the machine may be shared) hits both alike. Both run under the
 allocator our commands use (transformer/runtime.py: tcmalloc that never
 releases memory where installed, else glibc malloc with huge pages; the script
 re-executes itself with it, as train.py does). Unless --malloc=skip, our step
-of the first size also runs in fresh subprocesses, interleaved over
---malloc_rounds rounds: glibc malloc as is, GLIBC_TUNABLES=glibc.malloc.hugetlb=1,
-tcmalloc (LD_PRELOAD, if installed) as is and with TCMALLOC_RELEASE_RATE=0;
-such variables act only when set before the process starts. Each probe times
-steps back to back and steps after a 2 s pause (memory handed back to a
-virtual machine's host during a pause is slow to get back).
+of the first size also runs under each allocator in fresh subprocesses
+(allocators.py: glibc malloc, its huge pages, tcmalloc as is and never releasing),
+interleaved over --malloc_rounds rounds.
 """
 
 import argparse
@@ -37,21 +34,16 @@ import dataclasses
 import json
 import os
 import platform
-import resource
 import statistics
-import subprocess
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from benchmarks import common, jax_bench
+from benchmarks import allocators, common, jax_bench
 from transformer import runtime
 
-HUGETLB = "glibc.malloc.hugetlb=1"
-PAUSE_S = 2.0  # Linux reports free pages to a VM's host after ~2 s (page_reporting).
 TARGETS = (  # (description, figure key, threshold, peer): ratios ours/peer; MFU ours alone.
     ("training target tokens/s >= 1.25x PyTorch", "train target tokens/s", 1.25, "pytorch"),
     ("base MFU >= 65% of the run's matmul peak", "train MFU (padded) %", 65.0, None),
@@ -61,6 +53,7 @@ TARGETS = (  # (description, figure key, threshold, peer): ratios ours/peer; MFU
 )
 PEERS = (("pytorch", "PyTorch"), ("marian", "Marian"))  # Results key, column name.
 STEP_BUDGET_S = 60.0  # PyTorch's training is left out where one step would take longer.
+STEP_PROBE_ROWS = 4  # Rows of the step that estimates it (torch_bench.step_seconds).
 
 
 def measure_peak(peaks, use_torch, n, dtype):
@@ -90,11 +83,11 @@ def torch_trains(size, batch, step_seconds=None):
   if step_seconds is None:
     from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
     step_seconds = torch_bench.step_seconds
-  seconds = step_seconds(size, batch)
+  seconds = step_seconds(size, batch, STEP_PROBE_ROWS)
   if seconds <= STEP_BUDGET_S:
     return True
   print(f"PyTorch training skipped at {size.name}: one {size.dtype} step would take "
-        f"~{seconds:.0f} s here (scaled from a 4-row step; CPU flags: "
+        f"~{seconds:.0f} s here (scaled from a {STEP_PROBE_ROWS}-row step; CPU flags: "
         f"{' '.join(common.cpu_description()['cpu_flags']) or 'unknown'}); "
         "its decoding stays in.", flush=True)
   return False
@@ -203,91 +196,6 @@ def _ratio(a, b):
   return None
 
 
-def malloc_probe(size, steps, paused_steps):
-  """Child process: our step on one pipeline batch; prints step time and faults as JSON."""
-  from transformer import sharding  # pylint: disable=g-import-not-at-top
-  batch = common.timed_batches(size, common.synthetic_examples(size), 1)[0]
-  _, state, step, mesh = jax_bench.setup(size)
-  placed = sharding.place_batch(batch, mesh)
-  holder = [state]
-
-  def run():  # One step; its wall seconds.
-    t0 = time.perf_counter()
-    holder[0], m = step(holder[0], placed)
-    jax.block_until_ready((holder[0], m))
-    return time.perf_counter() - t0
-
-  for _ in range(2):  # Compile, then one more step for the allocator to settle.
-    run()
-  times, faults, cpu, sys_cpu = [], [], [], []
-  for _ in range(steps):
-    u0 = resource.getrusage(resource.RUSAGE_SELF)
-    times.append(run())
-    u1 = resource.getrusage(resource.RUSAGE_SELF)
-    faults.append(u1.ru_minflt - u0.ru_minflt)
-    sys_cpu.append(u1.ru_stime - u0.ru_stime)
-    cpu.append(u1.ru_utime - u0.ru_utime + sys_cpu[-1])
-  paused = []
-  for _ in range(paused_steps):
-    time.sleep(PAUSE_S)
-    paused.append(run())
-  # CPU seconds (user + kernel, all threads) are less sensitive to other processes'
-  # load than wall time; page faults show up as kernel time.
-  print(json.dumps({"step_s_median": statistics.median(times), "step_s_all": times,
-                    "paused_step_s_all": paused,
-                    "cpu_s_per_step": statistics.median(cpu),
-                    "sys_s_per_step": statistics.median(sys_cpu),
-                    "page_faults_per_step": statistics.median(faults),
-                    "shape": list(batch["targets"].shape)}))
-
-
-def allocators():
-  """name -> environment of the child process; the tcmalloc ones where it is installed.
-
-  Looked up when the comparison runs, after use_fast_malloc has checked
-  TRANSFORMER_TCMALLOC (a bad path then stops the command with one line).
-  """
-  envs = {"default malloc": {}, "hugetlb=1": {"GLIBC_TUNABLES": HUGETLB}}
-  tcmalloc = runtime.find_tcmalloc()  # Debian/Ubuntu: apt install libtcmalloc-minimal4
-  if tcmalloc:
-    envs["tcmalloc"] = {"LD_PRELOAD": tcmalloc}
-    # What the commands use where tcmalloc is installed (transformer/runtime.py).
-    envs["tcmalloc, release 0"] = {"LD_PRELOAD": tcmalloc, **runtime.TCMALLOC_ENV}
-  return envs
-
-
-def malloc_compare(size_arg, steps, paused_steps, rounds, names):
-  """Our step in fresh processes per allocator, interleaved over `rounds` rounds so that
-  a change in machine load hits every allocator alike; medians over all their steps."""
-  envs = allocators()
-  names = [n for n in names if n in envs]
-  runs = {n: [] for n in names}
-  for _ in range(rounds):
-    for name in names:
-      env = {k: v for k, v in os.environ.items()
-             if k not in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)}
-      env.update(envs[name], TRANSFORMER_DEFAULT_MALLOC="1")  # No re-execution.
-      cmd = [sys.executable, "-m", "benchmarks.run", "--malloc_probe", "--malloc_steps",
-             str(steps), "--malloc_paused_steps", str(paused_steps)] + size_arg
-      proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-      if proc.returncode:
-        raise RuntimeError(f"malloc probe ({name}) failed:\n{proc.stderr[-3000:]}")
-      runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-  out = {}
-  for name, rs in runs.items():
-    median = lambda key, rs=rs: statistics.median(r[key] for r in rs)
-    out[name] = {"step_s_median": statistics.median(t for r in rs for t in r["step_s_all"]),
-                 "step_s_all": [t for r in rs for t in r["step_s_all"]],
-                 "paused_step_s_median": statistics.median(
-                     t for r in rs for t in r["paused_step_s_all"]),
-                 "cpu_s_per_step": median("cpu_s_per_step"),
-                 "sys_s_per_step": median("sys_s_per_step"),
-                 "page_faults_per_step": median("page_faults_per_step"),
-                 "env": envs[name], "shape": rs[0]["shape"]}
-  return out
-
-
 def print_table(results):
   rows = []  # (figure, ours, then per peer: its value and ours/it).
   for size, res in results["sizes"].items():
@@ -316,19 +224,8 @@ def print_table(results):
         f"transformers {meta.get('transformers') or '(not run)'} MarianMTModel.generate, "
         "KV cache, random weights; each side runs the batch to its longest row limit, no EOS")
   if "malloc" in results:
-    m = dict(results["malloc"])
-    size = m.pop("size")
-    base = m["default malloc"]
-    print(f"\nour train step ({size}, batch {base['shape']}), one fresh process per allocator:")
-    print(f"  {'allocator':<20} {'step s (median)':>16} {'vs default':>11} "
-          f"{'after ' + str(PAUSE_S) + ' s pause':>17} "
-          f"{'CPU s/step':>11} {'kernel s/step':>14} {'page faults/step':>17}")
-    for name, r in m.items():
-      print(f"  {name:<20} {r['step_s_median']:>16.3f} "
-            f"{r['step_s_median'] / base['step_s_median']:>11.3f} "
-            f"{r['paused_step_s_median']:>17.3f} "
-            f"{r['cpu_s_per_step']:>11.2f} {r['sys_s_per_step']:>14.2f} "
-            f"{r['page_faults_per_step']:>17,.0f}")
+    print()
+    allocators.print_table(results["malloc"])
   print()
   for line in results["targets"]:
     print(line)
@@ -370,29 +267,20 @@ def main(argv=None):
   p.add_argument("--no_marian", action="store_true",
                  help="no Hugging Face Marian decoding peer (needs torch and transformers)")
   p.add_argument("--malloc", choices=("compare", "skip"), default="compare",
-                 help="also time our step in subprocesses with/without glibc hugetlb")
+                 help="also time our step of the first size under each allocator "
+                 "(benchmarks/allocators.py)")
   p.add_argument("--malloc_steps", type=int, default=5)
   p.add_argument("--malloc_paused_steps", type=int, default=3,
-                 help=f"steps timed after a {PAUSE_S} s pause each")
+                 help=f"steps timed after a {allocators.PAUSE_S} s pause each")
   p.add_argument("--malloc_rounds", type=int, default=2)
-  p.add_argument("--malloc_probe", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
 
-  if args.smoke:
-    names, size_arg = ["smoke"], ["--smoke"]
-  elif args.config:
-    names, size_arg = [args.config], ["--config", args.config]
-  else:
-    names = args.sizes.split(",")
-    size_arg = ["--sizes", names[0]]  # The malloc probe times the first (smallest) size.
+  names = ["smoke"] if args.smoke else [args.config] if args.config else args.sizes.split(",")
   sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]
   overrides = {k: v for k, v in (("train_steps", args.steps),
                                  ("decode_sentences", args.decode_sentences),
                                  ("dtype", args.dtype)) if v}
   sizes = [dataclasses.replace(s, **overrides) for s in sizes]
-  size_arg += ["--dtype", args.dtype]  # The malloc probe's step computes in it too.
-  if args.malloc_probe:
-    return malloc_probe(sizes[0], args.malloc_steps, args.malloc_paused_steps)
 
   use_torch = not args.no_torch
   if use_torch:
@@ -442,11 +330,11 @@ def main(argv=None):
                                              pack=args.pack)
     print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
   if args.malloc == "compare":
-    names = ["default malloc", "hugetlb=1"] + ([] if args.smoke else
-                                               ["tcmalloc", "tcmalloc, release 0"])
-    results["malloc"] = dict(size=sizes[0].name, **malloc_compare(
-        size_arg, args.malloc_steps, 1 if args.smoke else args.malloc_paused_steps,
-        1 if args.smoke else args.malloc_rounds, names))
+    # The first (smallest) size; the smoke run's two glibc children keep CI short.
+    results["malloc"] = allocators.compare(
+        sizes[0], args.malloc_steps, 1 if args.smoke else args.malloc_paused_steps,
+        1 if args.smoke else args.malloc_rounds,
+        allocators.NAMES[:2] if args.smoke else allocators.NAMES)
   results["matmul_peak_gflops"] = {k: max(v) / 1e9 if v else None for k, v in peaks.items()}
   results["matmul_peak_all_gflops"] = {k: [x / 1e9 for x in v] for k, v in peaks.items()}
   peak = max(peaks["ours"])

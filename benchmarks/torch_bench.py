@@ -132,7 +132,7 @@ class Trainer:
                             self.faults)
 
 
-def step_seconds(size, batch, rows=4):
+def step_seconds(size, batch, rows):
   """Seconds one training step on `batch` would take here, from a step on its first
   `rows` rows (after a warm-up step on them), scaled by the row count. A fresh
   model and optimizer: the benchmark's own trainer is untouched."""

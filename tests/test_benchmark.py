@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import common, run
+from benchmarks import allocators, common, run
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MARIAN = HAS_TORCH and importlib.util.find_spec("transformers") is not None
@@ -190,9 +190,18 @@ def test_pytorch_training_is_left_out_where_one_step_would_not_finish(capsys):
   leaves the run with a message naming the size and the estimate; within it, it stays."""
   size = common.SIZES["small"]
   batch = {"targets": np.zeros((256, 16), np.int32)}
-  assert not run.torch_trains(size, batch, step_seconds=lambda size, batch: 70.4)
+  assert not run.torch_trains(size, batch, step_seconds=lambda size, batch, rows: 70.4)
   assert "PyTorch training skipped at small: one float32 step would take ~70 s" in (
       capsys.readouterr().out)
-  assert run.torch_trains(size, batch, step_seconds=lambda size, batch: 1.5)
+  assert run.torch_trains(size, batch, step_seconds=lambda size, batch, rows: 1.5)
   assert capsys.readouterr().out == ""
 
+
+
+def test_allocator_comparison_names_a_missing_tcmalloc_before_starting_a_child(
+    monkeypatch, capsys):
+  monkeypatch.setenv("TRANSFORMER_TCMALLOC", "/nonexistent/libtcmalloc.so")
+  with pytest.raises(SystemExit):
+    allocators.main(["--size", "smoke"])
+  assert "TRANSFORMER_TCMALLOC='/nonexistent/libtcmalloc.so': no such file" in (
+      capsys.readouterr().err)
