@@ -7,11 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.mixed_precision import Dense, dense
+from transformer.mixed_precision import Dense, dense, tokens_dot
 
 # The model's Dense forms: FFN [B,T,D] x [D,F]; Q/K/V [B,T,D] x [D,H,K];
-# heads merge [B,T,H,K] x [H,K,D].
-FORMS = [((3, 5, 8), (8, 6), 1), ((3, 5, 8), (8, 2, 4), 1), ((3, 5, 2, 4), (2, 4, 8), 2)]
+# heads merge [B,T,H,K] x [H,K,D]; an even token count (bf16: the two-blocks
+# weight gradient, tokens_dot) with a wide input, as in the FFN's second layer.
+FORMS = [((3, 5, 8), (8, 6), 1), ((3, 5, 8), (8, 2, 4), 1), ((3, 5, 2, 4), (2, 4, 8), 2),
+         ((2, 4, 16), (16, 4), 1)]
 
 
 def dense_dims(x_ndim, n):
@@ -96,6 +98,39 @@ def test_bfloat16_products_all_accumulate_in_float32():
   plain = jax.jit(jax.grad(loss_fn(autodiff_dense, jnp.bfloat16, 1), (0, 1)))
   assert "bf16" in re.findall(r"stablehlo\.dot_general.*?->\s*tensor<[^>]*x(\w+)>",
                               plain.lower(x, w, None).as_text())
+
+
+@pytest.mark.parametrize("n,a,b", [(64, 8, 24), (64, 24, 8), (64, 16, 16), (63, 24, 8)])
+def test_tokens_dot_is_the_float32_accumulated_product(n, a, b):
+  """a^T b over the tokens, whichever operand is narrower and for an odd token
+  count (the plain form): float32 math on the same bf16 inputs, rounded once."""
+  x = jax.random.normal(jax.random.key(0), (n, a)).astype(jnp.bfloat16)
+  y = jax.random.normal(jax.random.key(1), (n, b)).astype(jnp.bfloat16)
+  out = jax.jit(tokens_dot)(x, y)
+  assert out.shape == (a, b) and out.dtype == jnp.bfloat16
+  ref = x.astype(jnp.float32).T @ y.astype(jnp.float32)
+  np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-7, atol=1e-2)
+  f32 = jax.jit(tokens_dot)(x.astype(jnp.float32), y.astype(jnp.float32))
+  assert f32.dtype == jnp.float32
+  np.testing.assert_allclose(f32, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU-backend form")
+@pytest.mark.parametrize("a,b", [(8, 24), (24, 8)])
+def test_bfloat16_tokens_dot_is_not_upcast_to_float32_on_a_cpu(a, b):
+  """What makes the bf16 weight gradient fast on a CPU: XLA keeps the product's
+  operands in bf16 (copying only the narrower one, transposed), where the plain
+  x^T g form gets both operands converted to float32 first."""
+  n = 64
+  x, y = jnp.ones((n, a), jnp.bfloat16), jnp.ones((n, b), jnp.bfloat16)
+
+  def upcasts(fn):
+    text = jax.jit(fn).lower(x, y).compile().as_text()
+    return re.findall(rf"f32\[{n},(?:{a}|{b})\]\S* convert\(", text)
+
+  assert upcasts(tokens_dot) == []
+  assert upcasts(lambda x, y: jax.lax.dot_general(
+      x, y, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32))
 
 
 @pytest.mark.parametrize("features,axes,x_shape", [(6, 1, (3, 5, 8)), ((2, 4), 1, (3, 5, 8)),
