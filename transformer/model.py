@@ -19,7 +19,7 @@ from transformer import attention, decode
 from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.dropout import Dropout
-from transformer.mixed_precision import Dense, dot_f32
+from transformer.mixed_precision import Dense, dot_f32, tokens_dot
 
 Array = jax.Array
 
@@ -71,12 +71,17 @@ class Embed(nn.Module):
 
 @jax.custom_vjp
 def tied_logits(x_BxTxD, embedding_VxD):
-  """logits_BxTxV = x @ embedding^T in float32, with the gradient autodiff would give.
+  """logits_BxTxV = x @ embedding^T in float32, with autodiff's gradient.
 
-  The gradient is written out only to choose the form of the embedding's:
-  d embedding = (x^T @ d logits)^T. From autodiff's form, d logits^T @ x, XLA's
-  CPU layout assignment makes a transposed copy of the [B*T, V] logits gradient,
-  the largest tensor of the step (benchmarks/README.md, 'Measurements behind the code').
+  The gradient is written out to choose its products' forms. The embedding's is
+  (x^T @ d logits)^T, a weight gradient over the tokens (mixed_precision.tokens_dot):
+  from autodiff's form, d logits^T @ x, XLA's CPU layout assignment makes a
+  transposed copy of the [B*T, V] logits gradient, the largest tensor of the step.
+  In half precision the float32 logits gradient is first rounded to the compute
+  dtype, as a bfloat16 layer under mixed precision receives it, so that both
+  products run with half-precision inputs (on a CPU, twice as fast as with a
+  float32 operand); it is autodiff's gradient of that rounded cotangent
+  (benchmarks/README.md, 'Measurements behind the code').
   """
   return dot_f32(x_BxTxD, embedding_VxD, (2,), (1,))
 
@@ -87,8 +92,10 @@ def _tied_logits_fwd(x_BxTxD, embedding_VxD):
 
 def _tied_logits_bwd(residuals, d_logits_BxTxV):
   x_BxTxD, embedding_VxD = residuals
+  d_logits_BxTxV = d_logits_BxTxV.astype(x_BxTxD.dtype)
   d_x_BxTxD = dot_f32(d_logits_BxTxV, embedding_VxD, (2,), (0,))
-  d_embedding_DxV = dot_f32(x_BxTxD, d_logits_BxTxV, (0, 1), (0, 1))
+  d_embedding_DxV = tokens_dot(x_BxTxD.reshape(-1, x_BxTxD.shape[-1]),
+                               d_logits_BxTxV.reshape(-1, d_logits_BxTxV.shape[-1]))
   return (d_x_BxTxD.astype(x_BxTxD.dtype),
           d_embedding_DxV.T.astype(embedding_VxD.dtype))
 
