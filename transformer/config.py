@@ -33,7 +33,8 @@ ATTENTION_SCORES = ("scaled_dot", "dot", "additive", "general")
 ATTENTION_IMPLEMENTATIONS = ("fused", "reference")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # model.dtype "auto": bfloat16 where the matrix units run it at full rate, float32 on
-# CPUs (XLA's CPU bfloat16 dots are no faster, and round more).
+# CPUs (bfloat16 pays only on CPUs with AVX-512 BF16 or AMX, runs slower on AVX2-only
+# ones, and rounds more: benchmarks/README.md).
 AUTO_DTYPE = {"gpu": "bfloat16", "cuda": "bfloat16", "rocm": "bfloat16", "tpu": "bfloat16"}
 ARCHITECTURES = ("transformer", "rnn")  # model.architecture; rnn: transformer/rnn.py.
 RNN_CELLS = ("gru", "lstm")
