@@ -2,12 +2,12 @@
 
 `Dense` is nn.DenseGeneral's parameters over `dense`, which computes the same
 values as jax.lax.dot_general (plus the bias) with a hand-written gradient, for
-three reasons (benchmarks/README.md, 'Measurements behind the code'):
+these reasons (benchmarks/README.md, 'Measurements behind the code'):
 - The weight gradient is one 2-D product, x[N, in]^T g[N, out], with the tokens
   flattened into N. Autodiff's form contracts the batch and time axes of [B, T, ...]
   arrays, and XLA's CPU backend then copies one operand transposed, fused into
   whatever produced it (a dropout or ReLU gradient), which runs far slower than
-  the copy alone; the 2-D form needs no copy.
+  the copy alone; the 2-D form needs no copy in float32.
 - With half-precision inputs every product accumulates in float32
   (preferred_element_type) and rounds the result to the input dtype: XLA runs a
   dot with a bfloat16 *output* at float32 speed on a CPU, and bfloat16 inputs
@@ -17,7 +17,7 @@ three reasons (benchmarks/README.md, 'Measurements behind the code'):
   a float32 product of a ones vector with g: the sum of a bfloat16 g over the
   tokens became slow `reduce-window` thunks on a CPU.
 - In half precision on a CPU the weight gradient is written so that XLA runs it
-  as a bf16 x bf16 -> f32 product at all (`tokens_dot`).
+  as a bf16 x bf16 -> f32 product instead of upcasting both operands (`tokens_dot`).
 """
 import functools
 import math
