@@ -4,6 +4,7 @@
   python -m benchmarks.run --config configs/default.py      # any config file's model
   python -m benchmarks.run --smoke                          # tiny, seconds (CI)
   python -m benchmarks.run --sizes small,base --pack        # ours on packed rows
+  python -m benchmarks.run --decode_only --decode_repeats 9 # decoding alone, 9 rounds
 
 
 Everything runs in one process on the default JAX device, PyTorch eager on the
@@ -18,7 +19,9 @@ same run, padding of the pipeline's batches, compiled shapes and recompiles,
 page faults and CPU seconds per step, greedy (both) and beam-4 (ours) decoding
 speed. A second decoding peer with a KV cache, Hugging Face transformers'
 MarianMTModel of the same sizes with random weights (marian_bench.py), decodes
-the same sources greedily and with beam 4 where transformers is installed. The
+the same sources greedily and with beam 4 where transformers is installed; the
+decoders alternate run by run, and ours/peer of every round is printed beside the
+ratio of the medians (single rounds on a shared VM spread by 10-20%). The
 two frameworks alternate step by step, so that other processes'
 load (the machine may be shared) hits both alike. Both run under the
 allocator our commands use (transformer/runtime.py: tcmalloc that never
@@ -52,6 +55,7 @@ TARGETS = (  # (description, figure key, threshold, peer): ratios ours/peer; MFU
     ("beam-4 decoding sentences/s >= 2x Marian (KV cache)", "beam4 sentences/s", 2.0, "marian"),
 )
 PEERS = (("pytorch", "PyTorch"), ("marian", "Marian"))  # Results key, column name.
+DECODE_PEERS = {"torch": "PyTorch (no cache)", "marian": "Marian"}  # Decoding run prefixes.
 STEP_BUDGET_S = 60.0  # PyTorch's training is left out where one step would take longer.
 STEP_PROBE_ROWS = 4  # Rows of the step that estimates it (torch_bench.step_seconds).
 
@@ -100,17 +104,20 @@ def _data_figures(size, examples, batches, batching):
           "data shapes per epoch": stats["shapes"], "data timed batches": len(batches)}
 
 
-def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, pack=False):
+def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, pack=False,
+               train=True):
   """{'ours': {...}, 'pytorch': {...}, 'marian': {...}} figures of one size. With
   `pack` our side trains on packed rows (what our recipes use) and PyTorch's on
-  the bucketed ones, its natural input: real target tokens/s compare the two."""
+  the bucketed ones, its natural input: real target tokens/s compare the two.
+  Without `train`, only decoding runs, on freshly initialised parameters (every
+  row runs to its limit, so the weights change no work)."""
   batches = common.timed_batches(size, examples, size.train_steps)
   our_batches = (common.timed_batches(size, examples, size.train_steps, batching="pack")
                  if pack else batches)
   marian = {}
   ours = _data_figures(size, examples, our_batches, "pack" if pack else "bucket")
   theirs = _data_figures(size, examples, batches, "bucket") if use_torch else {}
-  torch_train = use_torch and torch_trains(size, batches[0])
+  torch_train = train and use_torch and torch_trains(size, batches[0])
 
   # The frameworks alternate step by step (on the same batch unless `pack`), so
   # that a change in the machine's load (it may be shared) hits both alike.
@@ -119,20 +126,16 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
     from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
   if torch_train:
     trainers.append(torch_bench.Trainer(size, batches))
-  for trainer in trainers:
-    trainer.warm_up()
-  for i in range(len(batches)):
-    for trainer in trainers:
-      trainer.step(i)
-  measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048, size.dtype)
-  r = trainers[0].figures()
-  ours.update(_train_figures(r))
-  ours.update({
-      "train compile s (first shape)": r["compile_s_first_shape"],
-      "train compile s (all shapes)": r["compile_s_all_shapes"],
-      "train compiled shapes after warm-up": r["compiled_shapes_after_warmup"],
-      "train recompiles after warm-up": r["recompiles_after_warmup"],
-  })
+  if train:
+    _train(trainers, len(batches), peaks, use_torch, size)
+    r = trainers[0].figures()
+    ours.update(_train_figures(r))
+    ours.update({
+        "train compile s (first shape)": r["compile_s_first_shape"],
+        "train compile s (all shapes)": r["compile_s_all_shapes"],
+        "train compiled shapes after warm-up": r["compiled_shapes_after_warmup"],
+        "train recompiles after warm-up": r["recompiles_after_warmup"],
+    })
   if torch_train:
     theirs.update(_train_figures(trainers[1].figures()))
 
@@ -157,6 +160,10 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
   for _ in range(size.decode_repeats):
     for name, run in runs.items():
       times[name].append(run())
+  # ours/peer in each round of the interleaving: its spread says how far the
+  # median ratio can be trusted on this machine.
+  per_run = {name: [theirs_s / ours_s for ours_s, theirs_s in zip(times[name.split()[1]], ts)]
+             for name, ts in times.items() if " " in name}
   sides = {"torch": theirs, "marian": marian}
   for name, ts in times.items():
     side, name = (sides[name.split()[0]], name.split()[1]) if " " in name else (ours, name)
@@ -168,11 +175,21 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
       marian[f"{name} steps run"] = runs[f"marian {name}"].steps
   return {"ours": ours, "pytorch": theirs, "marian": marian,
           "decode_limits": limits.tolist(),
-          "step_s_all": {"ours": r["step_s_all"],
+          "step_s_all": {"ours": train and trainers[0].times,
                          "pytorch": torch_train and trainers[1].times},
           "decode_s_all": times,
+          "decode_ratio_per_run": per_run,
           "batch_shapes": {"ours": [list(b["targets"].shape) for b in our_batches],
                            "pytorch": [list(b["targets"].shape) for b in batches]}}
+
+
+def _train(trainers, steps, peaks, use_torch, size):
+  for trainer in trainers:
+    trainer.warm_up()
+  for i in range(steps):
+    for trainer in trainers:
+      trainer.step(i)
+  measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048, size.dtype)
 
 
 def _train_figures(r):
@@ -223,6 +240,11 @@ def print_table(results):
   print("decoding: PyTorch = nn.Transformer eager, no KV cache (greedy only); Marian = "
         f"transformers {meta.get('transformers') or '(not run)'} MarianMTModel.generate, "
         "KV cache, random weights; each side runs the batch to its longest row limit, no EOS")
+  for size, res in results["sizes"].items():
+    for name, ratios in res.get("decode_ratio_per_run", {}).items():
+      peer, mode = name.split()
+      print(f"{size}: {mode} ours/{DECODE_PEERS[peer]} in each of {len(ratios)} "
+            f"interleaved runs: {', '.join(f'{r:.2f}' for r in ratios)}")
   if "malloc" in results:
     print()
     allocators.print_table(results["malloc"])
@@ -256,6 +278,10 @@ def main(argv=None):
   p.add_argument("--data_dir", help="Multi30k text folder (train.en/.de[.gz]); default synthetic")
   p.add_argument("--steps", type=int, help="timed training steps (default: per size)")
   p.add_argument("--decode_sentences", type=int, help="sentences per decoding batch")
+  p.add_argument("--decode_repeats", type=int,
+                 help="timed decoding runs per side, interleaved (default: per size)")
+  p.add_argument("--decode_only", action="store_true",
+                 help="no training (nor allocator comparison): decoding on initial weights")
   p.add_argument("--max_extra_len", type=int, default=50, help="output limit = source + this (6.1)")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="compute dtype of both sides (parameters stay float32; PyTorch: "
@@ -279,6 +305,7 @@ def main(argv=None):
   sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]
   overrides = {k: v for k, v in (("train_steps", args.steps),
                                  ("decode_sentences", args.decode_sentences),
+                                 ("decode_repeats", args.decode_repeats),
                                  ("dtype", args.dtype)) if v}
   sizes = [dataclasses.replace(s, **overrides) for s in sizes]
 
@@ -327,9 +354,9 @@ def main(argv=None):
     results["sizes"][size.name] = bench_size(size, examples, peaks=peaks, use_torch=use_torch,
                                              use_marian=use_marian,
                                              max_extra_len=args.max_extra_len,
-                                             pack=args.pack)
+                                             pack=args.pack, train=not args.decode_only)
     print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
-  if args.malloc == "compare":
+  if args.malloc == "compare" and not args.decode_only:
     # The first (smallest) size; the smoke run's two glibc children keep CI short.
     results["malloc"] = allocators.compare(
         sizes[0], args.malloc_steps, 1 if args.smoke else args.malloc_paused_steps,

@@ -205,3 +205,29 @@ def test_allocator_comparison_names_a_missing_tcmalloc_before_starting_a_child(
     allocators.main(["--size", "smoke"])
   assert "TRANSFORMER_TCMALLOC='/nonexistent/libtcmalloc.so': no such file" in (
       capsys.readouterr().err)
+
+
+def test_decode_only_times_decoding_alone_and_reports_each_interleaved_ratio(tmp_path):
+  """--decode_only: no training and no allocator runs, the decoding figures as
+  in a full run; with a peer, ours/peer of every interleaved repeat is printed
+  and in the JSON, each from the two decodes of that round."""
+  out = tmp_path / "bench.json"
+  argv = (["--smoke", "--decode_only", "--decode_repeats", "3", "--json", str(out)]
+          + ([] if HAS_TORCH else ["--no_torch"]) + ([] if HAS_MARIAN else ["--no_marian"]))
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    run.main(argv)
+  table = printed.getvalue()
+  results = json.loads(out.read_text())
+  res = results["sizes"]["smoke"]
+  assert "malloc" not in results
+  assert not any(key.startswith("train ") for key in res["ours"]), res["ours"]
+  assert not any(key.startswith("train ") for key in res["pytorch"]), res["pytorch"]
+  _check(res["ours"], ["greedy sentences/s", "beam4 sentences/s"], table)
+  assert all(len(times) == 3 for times in res["decode_s_all"].values())
+  peers = {"torch greedy": HAS_TORCH, "marian greedy": HAS_MARIAN, "marian beam4": HAS_MARIAN}
+  assert set(res["decode_ratio_per_run"]) == {name for name, ran in peers.items() if ran}
+  for name, ratios in res["decode_ratio_per_run"].items():
+    ours = res["decode_s_all"][name.split()[1]]
+    assert ratios == pytest.approx([t / o for t, o in zip(res["decode_s_all"][name], ours)])
+    assert f"in each of 3 interleaved runs: {', '.join(f'{r:.2f}' for r in ratios)}" in table
