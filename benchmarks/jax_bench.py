@@ -95,6 +95,9 @@ class Trainer:
                     "distinct_shapes_timed": len(shapes),
                     "compiled_shapes_after_warmup": self._step._cache_size()}  # pylint: disable=protected-access
 
+  def untimed_step(self, i):
+    self._run(i)
+
   def step(self, i):
     f0, c0 = page_faults(), time.process_time()
     with compile_log() as log:
