@@ -21,7 +21,7 @@ speed. A second decoding peer with a KV cache, Hugging Face transformers'
 MarianMTModel of the same sizes with random weights (marian_bench.py), decodes
 the same sources greedily and with beam 4 where transformers is installed; the
 decoders alternate run by run, and ours/peer of every round is printed beside the
-ratio of the medians (single rounds on a shared VM spread by 10-20%). The
+ratio of the medians (single rounds on a shared VM spread by 10-50%). The
 two frameworks alternate step by step, so that other processes'
 load (the machine may be shared) hits both alike. Both run under the
 allocator our commands use (transformer/runtime.py: tcmalloc that never
@@ -307,6 +307,9 @@ def main(argv=None):
                  help=f"steps timed after a {allocators.PAUSE_S} s pause each")
   p.add_argument("--malloc_rounds", type=int, default=2)
   args = p.parse_args(argv)
+  for name in ("steps", "decode_sentences", "decode_repeats"):
+    if getattr(args, name) is not None and getattr(args, name) < 1:
+      p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
 
   names = ["smoke"] if args.smoke else [args.config] if args.config else args.sizes.split(",")
   sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]

@@ -231,3 +231,10 @@ def test_decode_only_times_decoding_alone_and_reports_each_interleaved_ratio(tmp
     ours = res["decode_s_all"][name.split()[1]]
     assert ratios == pytest.approx([t / o for t, o in zip(res["decode_s_all"][name], ours)])
     assert f"in each of 3 interleaved runs: {', '.join(f'{r:.2f}' for r in ratios)}" in table
+
+
+@pytest.mark.parametrize("flag", ["--decode_repeats", "--steps", "--decode_sentences"])
+def test_a_count_below_one_is_refused_by_name(flag, capsys):
+  with pytest.raises(SystemExit):
+    run.main(["--smoke", flag, "0"])
+  assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
