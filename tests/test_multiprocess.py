@@ -294,8 +294,10 @@ def test_a_hung_process_ends_the_job_within_the_heartbeat_timeout(data_dir, tmp_
   heartbeat = get_config(data_dir).distributed.heartbeat_timeout_s
   assert "stopped sending heartbeats" in output, output[-5000:]
   assert "[launch] process 0: killed by SIGABRT\n" in output, output[-5000:]
-  # Continued and told to end, it may first take the service's error (SIGABRT).
-  assert re.search(r"\[launch\] process 1: killed by SIG\w+ \(by the launcher\)", output)
+  # Continued and told to end (SIGTERM), it may first take the service's error
+  # (SIGABRT), or fail on its own with process 0 gone (status 1, seen under load).
+  assert re.search(r"\[launch\] process 1: (killed by SIG\w+|exited with status [1-9]\d*) "
+                   r"\(by the launcher\)", output), output[-5000:]
   assert code == 128 + signal.SIGABRT
   # Heartbeats go out every few seconds: the last one came up to that long before the stop.
   assert ended_after < heartbeat + 20, ended_after
