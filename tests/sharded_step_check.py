@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, ".")
 from tests.helpers import tiny_experiment  # pylint: disable=g-import-not-at-top
-from transformer import inference, sharding, state as state_lib, training
+from transformer import inference, runtime, sharding, state as state_lib, training
 
 STEPS = 4
 
@@ -105,4 +105,5 @@ def main():
 
 
 if __name__ == "__main__":
+  runtime.use_compilation_cache()  # The tests' cache (TRANSFORMER_COMPILATION_CACHE).
   main()

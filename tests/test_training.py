@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import process_helpers
 from tests.helpers import tiny_experiment
 from transformer import checkpoints, sharding, state as state_lib, training
 
@@ -208,7 +209,7 @@ def test_host_rows_give_each_row_to_one_host(monkeypatch):
 
 
 def test_sharded_step_equals_single_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = process_helpers.command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
   out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "sharded_step_check.py")],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
