@@ -116,16 +116,26 @@ def epoch_stats(size: Size, examples, batching="bucket"):
   """Padding and shapes over one whole epoch of the pipeline (numpy only, no model)."""
   it = train_batches(size, examples, batching=batching)
   slots = real_src = real_tgt = 0
-  shapes = set()
+  counts, first = {}, {}  # Per target shape: its batches in the epoch, the first of them.
   for _ in range(it.num_batches(0)):
     b = next(it)
-    shapes.add(b["targets"].shape)
+    counts[b["targets"].shape] = counts.get(b["targets"].shape, 0) + 1
+    first.setdefault(b["targets"].shape, b)
     slots += b["targets"].size
     real_src += int(np.count_nonzero(b["inputs"]))
     real_tgt += int(np.count_nonzero(b["targets"]))
-  return {"batches": it.num_batches(0), "shapes": len(shapes),
+  return {"batches": it.num_batches(0), "shapes": len(counts),
           "padding_target": 1.0 - real_tgt / slots,
-          "padding_source_target": 1.0 - (real_src + real_tgt) / (2 * slots)}
+          "padding_source_target": 1.0 - (real_src + real_tgt) / (2 * slots),
+          "real_target": real_tgt, "shape_counts": counts, "first_of_shape": first}
+
+
+def epoch_tokens_per_s(stats, step_seconds):
+  """Real target tokens/s over a whole epoch of `stats` (epoch_stats), from one
+  step time per target shape ({shape: seconds}): the epoch's real target tokens
+  over the sum, across its shapes, of batches of that shape x their step time."""
+  seconds = sum(n * step_seconds[shape] for shape, n in stats["shape_counts"].items())
+  return stats["real_target"] / seconds
 
 
 def timed_batches(size: Size, examples, count, seed=0, batching="bucket"):

@@ -4,6 +4,7 @@
   python -m benchmarks.run --config configs/default.py      # any config file's model
   python -m benchmarks.run --smoke                          # tiny, seconds (CI)
   python -m benchmarks.run --sizes small,base --pack        # ours on packed rows
+  python -m benchmarks.run --sizes base --pack --epoch_mix  # + tokens/s over an epoch's shapes
   python -m benchmarks.run --decode_only --decode_repeats 9 # decoding alone, 9 rounds
 
 
@@ -49,6 +50,8 @@ from transformer import runtime
 
 TARGETS = (  # (description, figure key, threshold, peer): ratios ours/peer; MFU ours alone.
     ("training target tokens/s >= 1.25x PyTorch", "train target tokens/s", 1.25, "pytorch"),
+    ("training target tokens/s over an epoch's shapes >= 1.25x PyTorch",
+     "train target tokens/s (epoch mix)", 1.25, "pytorch"),
     ("base MFU >= 65% of the run's matmul peak", "train MFU (padded) %", 65.0, None),
     ("greedy decoding tokens/s >= 5x PyTorch (no cache)", "greedy tokens/s", 5.0, "pytorch"),
     ("greedy decoding sentences/s >= 2x Marian (KV cache)", "greedy sentences/s", 2.0, "marian"),
@@ -105,7 +108,7 @@ def _data_figures(size, examples, batches, batching):
 
 
 def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, pack=False,
-               train=True):
+               train=True, epoch_mix=False):
   """{'ours': {...}, 'pytorch': {...}, 'marian': {...}} figures of one size. With
   `pack` our side trains on packed rows (what our recipes use) and PyTorch's on
   the bucketed ones, its natural input: real target tokens/s compare the two.
@@ -138,6 +141,8 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
     })
   if torch_train:
     theirs.update(_train_figures(trainers[1].figures()))
+  mix_times = _epoch_mix(size, examples, pack, torch_train, ours, theirs) if (
+      train and epoch_mix) else {}
 
   # Decoding: the same sources, every row run to its limit; runs alternate likewise.
   model, params = trainers[0].model, trainers[0].state.params
@@ -178,6 +183,7 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
           "step_s_all": {"ours": train and trainers[0].times,
                          "pytorch": torch_train and trainers[1].times},
           "decode_s_all": times,
+          "epoch_mix_step_s": mix_times,  # Per side: step times by target shape "BxT".
           "decode_ratio_per_run": per_run,
           "batch_shapes": {"ours": [list(b["targets"].shape) for b in our_batches],
                            "pytorch": [list(b["targets"].shape) for b in batches]}}
@@ -197,6 +203,42 @@ def _train(trainers, steps, peaks, use_torch, size):
     for trainer in trainers:
       trainer.step(i)
   measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048, size.dtype)
+
+
+def _epoch_mix(size, examples, pack, use_torch, ours, theirs):
+  """Sets each side's 'train target tokens/s (epoch mix)': real target tokens/s
+  over a whole epoch of its input, from one step time per target shape of that
+  epoch (common.epoch_tokens_per_s). The timed batches above are the epoch's
+  first few, whose padding need not be the epoch's (at base, PyTorch's first
+  four bucketed batches are 19% padding, its epoch 23%). Each side times the
+  first batch of each of its shapes in rounds, the sides in turn, after an
+  untimed step on that shape; a side with fewer shapes repeats them. Returns
+  each side's step times by shape."""
+  sides = [("ours", ours, common.epoch_stats(size, examples, "pack" if pack else "bucket"),
+            jax_bench.Trainer)]
+  if use_torch:
+    from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+    sides.append(("pytorch", theirs, common.epoch_stats(size, examples, "bucket"),
+                  torch_bench.Trainer))
+  runs = []
+  for _, figures, stats, make in sides:
+    shapes = list(stats["first_of_shape"])
+    trainer = make(size, [stats["first_of_shape"][shape] for shape in shapes])
+    trainer.warm_up()
+    runs.append((figures, stats, shapes, trainer, {}))
+  for i in range(max(len(run[2]) for run in runs)):
+    for _, _, shapes, trainer, times in runs:
+      j = i % len(shapes)
+      if shapes[j] not in times:
+        trainer.untimed_step(j)
+      trainer.step(j)
+      times.setdefault(shapes[j], []).append(trainer.times[-1])
+  for figures, stats, _, _, times in runs:
+    figures["train target tokens/s (epoch mix)"] = common.epoch_tokens_per_s(
+        stats, {shape: statistics.median(ts) for shape, ts in times.items()})
+    figures["train shapes timed (epoch mix)"] = len(times)
+  return {name: {"x".join(map(str, shape)): ts for shape, ts in run[4].items()}
+          for (name, *_), run in zip(sides, runs)}
 
 
 def _train_figures(r):
@@ -296,6 +338,9 @@ def main(argv=None):
   p.add_argument("--pack", action="store_true",
                  help="our side trains on packed rows (segment masks), PyTorch on the "
                  "bucketed ones: each its natural input, compared in real target tokens/s")
+  p.add_argument("--epoch_mix", action="store_true",
+                 help="also time one step of every batch shape of each side's epoch and "
+                 "report real target tokens/s over the whole epoch's mix of shapes")
   p.add_argument("--no_torch", action="store_true", help="no PyTorch nn.Transformer side")
   p.add_argument("--no_marian", action="store_true",
                  help="no Hugging Face Marian decoding peer (needs torch and transformers)")
@@ -364,7 +409,8 @@ def main(argv=None):
     results["sizes"][size.name] = bench_size(size, examples, peaks=peaks, use_torch=use_torch,
                                              use_marian=use_marian,
                                              max_extra_len=args.max_extra_len,
-                                             pack=args.pack, train=not args.decode_only)
+                                             pack=args.pack, train=not args.decode_only,
+                                             epoch_mix=args.epoch_mix)
     print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
   if args.malloc == "compare" and not args.decode_only:
     # The first (smallest) size; the smoke run's two glibc children keep CI short.

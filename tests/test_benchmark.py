@@ -125,11 +125,14 @@ def test_marian_cached_greedy_equals_uncached():
 
 
 def test_bfloat16_packed_smoke_runs_both_sides_in_bfloat16_ours_packed(tmp_path):
-  """--dtype bfloat16 --pack (one run for both, to keep the suite short): both
-  sides compute in bfloat16; ours trains on packed rows, PyTorch on bucketed ones,
-  and each side's padding and MFU come from its own batches."""
+  """--dtype bfloat16 --pack --epoch_mix (one run for all, to keep the suite
+  short): both sides compute in bfloat16; ours trains on packed rows, PyTorch on
+  bucketed ones, and each side's padding and MFU come from its own batches; each
+  side times every shape of its epoch, and its epoch tokens/s is the epoch's
+  real target tokens over those step times weighted by the shapes' batch counts."""
   out = tmp_path / "bench.json"
-  argv = (["--smoke", "--dtype", "bfloat16", "--pack", "--malloc", "skip", "--json", str(out)]
+  argv = (["--smoke", "--dtype", "bfloat16", "--pack", "--epoch_mix", "--malloc", "skip",
+           "--json", str(out)]
           + ([] if HAS_TORCH else ["--no_torch"]) + ([] if HAS_MARIAN else ["--no_marian"]))
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
@@ -151,6 +154,26 @@ def test_bfloat16_packed_smoke_runs_both_sides_in_bfloat16_ours_packed(tmp_path)
     _check(res["pytorch"], ["train target tokens/s", "greedy tokens/s"], printed.getvalue())
   if HAS_MARIAN:  # generate() under torch.autocast to bfloat16.
     _check(res["marian"], ["greedy tokens/s", "beam4 tokens/s"], printed.getvalue())
+  examples = common.synthetic_examples(size)
+  for side, batching in (("ours", "pack"), ("pytorch", "bucket"))[:1 + HAS_TORCH]:
+    stats = common.epoch_stats(size, examples, batching)
+    times = res["epoch_mix_step_s"][side]
+    assert set(times) == {"x".join(map(str, shape)) for shape in stats["shape_counts"]}
+    assert res[side]["train shapes timed (epoch mix)"] == len(times)
+    epoch_s = sum(n * float(np.median(times["x".join(map(str, shape))]))
+                  for shape, n in stats["shape_counts"].items())
+    assert res[side]["train target tokens/s (epoch mix)"] == pytest.approx(
+        stats["real_target"] / epoch_s)
+    _check(res[side], ["train target tokens/s (epoch mix)"], printed.getvalue())
+  if HAS_TORCH:
+    assert len(res["epoch_mix_step_s"]["pytorch"]) == bucketed["shapes"] > 1
+    assert "training target tokens/s over an epoch's shapes >= 1.25x PyTorch" in (
+        printed.getvalue())
+
+
+def test_epoch_tokens_per_s_weights_each_shape_by_its_batches():
+  stats = {"real_target": 900, "shape_counts": {(8, 16): 3, (4, 32): 1}}
+  assert common.epoch_tokens_per_s(stats, {(8, 16): 2.0, (4, 32): 3.0}) == 900 / 9.0
 
 
 def test_cpu_description_reads_model_and_matmul_flags(tmp_path):
