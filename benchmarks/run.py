@@ -209,8 +209,8 @@ def _epoch_mix(size, examples, pack, use_torch, ours, theirs):
   """Sets each side's 'train target tokens/s (epoch mix)': real target tokens/s
   over a whole epoch of its input, from one step time per target shape of that
   epoch (common.epoch_tokens_per_s). The timed batches above are the epoch's
-  first few, whose padding need not be the epoch's (at base, PyTorch's first
-  four bucketed batches are 19% padding, its epoch 23%). Each side times the
+  first few, whose padding need not be the epoch's (benchmarks/README.md,
+  session 17). Each side times the
   first batch of each of its shapes in rounds, the sides in turn, after an
   untimed step on that shape; a side with fewer shapes repeats them. Returns
   each side's step times by shape."""
