@@ -199,12 +199,27 @@ def test_a_product_that_would_not_finish_is_skipped_after_a_small_probe():
     return 1e7
 
   flops, why = common.probed_peak(measure, 2048, "bfloat16")
-  assert flops is None and calls == [256]
+  assert flops is None and calls == [256, 256]  # Probed again before skipping.
   assert "6 2048^3 bfloat16 products would take ~10308 s" in why
   flops, why = common.probed_peak(lambda n, repeats=5, dtype=None: 1.3e9, 2048, "bfloat16")
   assert flops is None and "would take ~79 s" in why
   flops, why = common.probed_peak(lambda n, repeats=5, dtype=None: 1e11, 2048, "float32")
   assert flops == 1e11 and why is None
+
+
+def test_one_stalled_probe_product_does_not_skip_a_framework():
+  """Seen once: PyTorch's float32 256^3 probe at 2.8 GFLOP/s on a CPU doing 200
+  (one stalled product); the probe taken again decides."""
+  rates = iter([2.8e9, 1.5e11, 2.0e11])
+  calls = []
+
+  def measure(n, repeats=5, dtype="float32"):
+    calls.append((n, repeats))
+    return next(rates)
+
+  flops, why = common.probed_peak(measure, 2048, "float32")
+  assert (flops, why) == (2.0e11, None)
+  assert calls == [(256, 1), (256, 3), (2048, 5)]
 
 
 def test_pytorch_training_is_left_out_where_one_step_would_not_finish(capsys):
