@@ -242,10 +242,11 @@ def probed_peak(measure, n, dtype, budget_s=30.0, repeats=5):
   on an AVX2-only CPU: 1.3 GFLOP/s at 256^3, slower at 2048^3). A probe that says
   skip is taken again, best of 3, first: one stalled product of a few milliseconds
   must not drop a framework from the run."""
+  seconds_at = lambda flops_per_s: (1 + repeats) * 2 * n**3 / flops_per_s
   probe = measure(256, repeats=1, dtype=dtype)
-  if (1 + repeats) * 2 * n**3 / probe > budget_s:
+  if seconds_at(probe) > budget_s:
     probe = max(probe, measure(256, repeats=3, dtype=dtype))
-  seconds = (1 + repeats) * 2 * n**3 / probe
+  seconds = seconds_at(probe)
   if seconds > budget_s:
     return None, (f"{1 + repeats} {n}^3 {dtype} products would take ~{seconds:.0f} s here "
                   f"({probe / 1e9:.1f} GFLOP/s at 256^3)")
