@@ -100,8 +100,7 @@ def torch_trains(size, batch, step_seconds=None):
   return False
 
 
-def _data_figures(size, examples, batches, batching):
-  stats = common.epoch_stats(size, examples, batching)
+def _data_figures(stats, batches):
   return {"data padding (target) %": 100 * stats["padding_target"],
           "data padding (source+target) %": 100 * stats["padding_source_target"],
           "data shapes per epoch": stats["shapes"], "data timed batches": len(batches)}
@@ -118,8 +117,11 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
   our_batches = (common.timed_batches(size, examples, size.train_steps, batching="pack")
                  if pack else batches)
   marian = {}
-  ours = _data_figures(size, examples, our_batches, "pack" if pack else "bucket")
-  theirs = _data_figures(size, examples, batches, "bucket") if use_torch else {}
+  # One pass over each side's epoch: its padding, and its shapes for --epoch_mix.
+  their_stats = common.epoch_stats(size, examples, "bucket") if use_torch or not pack else None
+  our_stats = common.epoch_stats(size, examples, "pack") if pack else their_stats
+  ours = _data_figures(our_stats, our_batches)
+  theirs = _data_figures(their_stats, batches) if use_torch else {}
   torch_train = train and use_torch and torch_trains(size, batches[0])
 
   # The frameworks alternate step by step (on the same batch unless `pack`), so
@@ -141,8 +143,12 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
     })
   if torch_train:
     theirs.update(_train_figures(trainers[1].figures()))
-  mix_times = _epoch_mix(size, examples, pack, torch_train, ours, theirs) if (
-      train and epoch_mix) else {}
+  mix_times = {}
+  if train and epoch_mix:
+    sides = {"ours": (ours, our_stats, jax_bench.Trainer)}
+    if torch_train:
+      sides["pytorch"] = (theirs, their_stats, torch_bench.Trainer)
+    mix_times = _epoch_mix(size, sides)
 
   # Decoding: the same sources, every row run to its limit; runs alternate likewise.
   model, params = trainers[0].model, trainers[0].state.params
@@ -205,40 +211,33 @@ def _train(trainers, steps, peaks, use_torch, size):
   measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048, size.dtype)
 
 
-def _epoch_mix(size, examples, pack, use_torch, ours, theirs):
+def _epoch_mix(size, sides):
   """Sets each side's 'train target tokens/s (epoch mix)': real target tokens/s
   over a whole epoch of its input, from one step time per target shape of that
   epoch (common.epoch_tokens_per_s). The timed batches above are the epoch's
   first few, whose padding need not be the epoch's (benchmarks/README.md,
-  session 17). Each side times the
-  first batch of each of its shapes in rounds, the sides in turn, after an
-  untimed step on that shape; a side with fewer shapes repeats them. Returns
-  each side's step times by shape."""
-  sides = [("ours", ours, common.epoch_stats(size, examples, "pack" if pack else "bucket"),
-            jax_bench.Trainer)]
-  if use_torch:
-    from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
-    sides.append(("pytorch", theirs, common.epoch_stats(size, examples, "bucket"),
-                  torch_bench.Trainer))
-  runs = []
-  for _, figures, stats, make in sides:
-    shapes = list(stats["first_of_shape"])
-    trainer = make(size, [stats["first_of_shape"][shape] for shape in shapes])
-    trainer.warm_up()
-    runs.append((figures, stats, shapes, trainer, {}))
-  for i in range(max(len(run[2]) for run in runs)):
-    for _, _, shapes, trainer, times in runs:
+  session 17). `sides`: {name: (figures, epoch_stats, Trainer class)}. Each side
+  times the first batch of each of its shapes in rounds, the sides in turn,
+  after an untimed step on that shape; a side with fewer shapes repeats them.
+  Returns each side's step times by shape ("BxT")."""
+  trainers, times = {}, {name: {} for name in sides}
+  for name, (_, stats, make) in sides.items():
+    trainers[name] = make(size, list(stats["first_of_shape"].values()))
+    trainers[name].warm_up()
+  for i in range(max(len(stats["first_of_shape"]) for _, stats, _ in sides.values())):
+    for name, (_, stats, _) in sides.items():
+      shapes = list(stats["first_of_shape"])
       j = i % len(shapes)
-      if shapes[j] not in times:
-        trainer.untimed_step(j)
-      trainer.step(j)
-      times.setdefault(shapes[j], []).append(trainer.times[-1])
-  for figures, stats, _, _, times in runs:
+      if shapes[j] not in times[name]:
+        trainers[name].untimed_step(j)
+      trainers[name].step(j)
+      times[name].setdefault(shapes[j], []).append(trainers[name].times[-1])
+  for name, (figures, stats, _) in sides.items():
     figures["train target tokens/s (epoch mix)"] = common.epoch_tokens_per_s(
-        stats, {shape: statistics.median(ts) for shape, ts in times.items()})
-    figures["train shapes timed (epoch mix)"] = len(times)
-  return {name: {"x".join(map(str, shape)): ts for shape, ts in run[4].items()}
-          for (name, *_), run in zip(sides, runs)}
+        stats, {shape: statistics.median(ts) for shape, ts in times[name].items()})
+    figures["train shapes timed (epoch mix)"] = len(times[name])
+  return {name: {"x".join(map(str, shape)): ts for shape, ts in by_shape.items()}
+          for name, by_shape in times.items()}
 
 
 def _train_figures(r):
