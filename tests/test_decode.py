@@ -6,6 +6,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from transformer import decode, search
 from transformer.config import ModelConfig
@@ -92,13 +93,14 @@ decode_jit = jax.jit(decode.encode_and_decode, **FAST,
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_model():
+def tiny_model(score='scaled_dot', track_beams=True):
   """(the tiny Transformer's decoding contract, its parameters)."""
   cfg = ModelConfig(input_vocab_size=M_V, output_vocab_size=M_V, num_layers=2,
-                    d_model=32, d_ff=64, num_heads=2, dropout=0.0, max_len=16)
+                    d_model=32, d_ff=64, num_heads=2, dropout=0.0, max_len=16,
+                    attention_score=score)
   model = Transformer(cfg)
   ones = jnp.ones((1, 4), jnp.int32)
-  return (TransformerDecoding(model),
+  return (TransformerDecoding(model, track_beams=track_beams),
           jax.jit(model.init, **FAST)(jax.random.key(0), ones, ones)['params'])
 
 
@@ -188,33 +190,43 @@ def test_model_beam_size_one_equals_greedy():
       decode_jit(mode='beam', beam_size=1, alpha=0.0, eos_id=M_EOS, **kw), greedy)
 
 
-def test_model_reordered_cache_equals_forward_of_reordered_prefixes():
-  """After `reorder` by beam parents, the next cached step of each row gives the
-  logits of the teacher-forced forward pass over its parent's prefix plus its new
-  token: the self-attention cache moves with the beams, the encoder's keys and
-  values stay with the item. Distinct random prefixes make every row's history
-  matter (the tiny model's own beams are too alike to show a wrong reorder)."""
-  model, params = tiny_model()
-  B, K, T = 2, 3, 4
+@pytest.mark.parametrize('score,track_beams', [('scaled_dot', False), ('scaled_dot', True),
+                                               ('additive', True)])
+def test_model_reordered_cache_equals_forward_of_reordered_prefixes(score, track_beams):
+  """After a `reorder` by beam parents at every step, the next cached step of each
+  row gives the logits of the teacher-forced forward pass over the history its
+  parents chose: the self-attention state moves with the beams (the keys and
+  values themselves, or with track_beams the lineage that beam_attention reads
+  them through), the encoder's keys and values stay with the item. Distinct
+  random tokens and parents make every row's history matter (the tiny model's
+  own beams are too alike to show a wrong reorder); the cache grows midway."""
+  model, params = tiny_model(score, track_beams)
+  B, K, T = 2, 3, 5
   inputs_BxS = jnp.asarray(sources([6, 3], 6, seed=6))
   r = np.random.RandomState(1)
-  prefix_NxT = r.randint(4, M_V, (B * K, T)).astype(np.int32)
-  prefix_NxT[:, 0] = model.bos_id
-  next_Nx1 = r.randint(4, M_V, (B * K, 1)).astype(np.int32)
-  parent_BxK = np.array([[2, 2, 0], [1, 0, 1]], np.int32)
+  tokens_NxT = r.randint(4, M_V, (B * K, T + 1)).astype(np.int32)
+  tokens_NxT[:, 0] = model.bos_id
+  parents_TxBxK = r.randint(0, K, (T, B, K)).astype(np.int32)
 
   @functools.partial(jax.jit, **FAST)
   def cached(params):
-    context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 8)
+    context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 3)
     context, cache = jax.tree.map(
         lambda x: x if x.ndim == 0 else jnp.repeat(x, K, axis=0), (context, cache))
+    cache = model.beams(cache, K)
     for t in range(T):
-      _, cache = model.step(params, context, cache, jnp.asarray(prefix_NxT[:, t:t + 1]))
-    cache = model.reorder(cache, jnp.asarray(parent_BxK))
-    return model.step(params, context, cache, jnp.asarray(next_Nx1))[0]
+      if t == 3:
+        cache = model.grow(cache, 8)
+      _, cache = model.step(params, context, cache, jnp.asarray(tokens_NxT[:, t:t + 1]))
+      cache = model.reorder(cache, jnp.asarray(parents_TxBxK[t]))
+    return model.step(params, context, cache, jnp.asarray(tokens_NxT[:, T:]))[0]
 
-  rows_N = (np.arange(B)[:, None] * K + parent_BxK).reshape(-1)
-  full_NxT = np.concatenate([prefix_NxT[rows_N], next_Nx1], axis=1)
+  # Row n's history: its parent's history, then the token the parent was fed.
+  history_NxT = np.zeros((B * K, 0), np.int32)
+  for t in range(T):
+    rows_N = (np.arange(B)[:, None] * K + parents_TxBxK[t]).reshape(-1)
+    history_NxT = np.concatenate([history_NxT, tokens_NxT[:, t:t + 1]], axis=1)[rows_N]
+  full_NxT = np.concatenate([history_NxT, tokens_NxT[:, T:]], axis=1)
   inputs_NxS = jnp.repeat(inputs_BxS, K, axis=0)
   want_NxV = model.model.apply({'params': params}, model.encode(params, inputs_NxS),
                                inputs_NxS, jnp.asarray(full_NxT), method='decode')[:, T]
@@ -239,13 +251,16 @@ def test_model_compacting_beam_search_changes_nothing():
   """Beam search that drops finished items' rows from the batch (compact) decodes
   what the full batch decodes: the context is gathered with the cache. The row
   limits (source length + 2: 3 to 8 steps) stop 5 of the 8 items by step 5, so the
-  batch halves twice even if no item emits EOS."""
+  batch halves twice even if no item emits EOS. Both decode what beam search over
+  reordered keys and values (track_beams=False) decodes."""
   model, params = tiny_model()
   inputs_BxS = jnp.asarray(sources([1, 6, 2, 5, 1, 3, 2, 4], 6, seed=3))
-  kw = dict(model=model, params=params, inputs_BxS=inputs_BxS, mode='beam', beam_size=3,
+  kw = dict(params=params, inputs_BxS=inputs_BxS, mode='beam', beam_size=3,
             max_extra_len=2, eos_id=M_EOS)
-  full = np.asarray(decode_jit(**kw))
-  np.testing.assert_array_equal(np.asarray(decode_jit(compact=2, **kw)), full)
+  full = np.asarray(decode_jit(model=model, **kw))
+  np.testing.assert_array_equal(np.asarray(decode_jit(model=model, compact=2, **kw)), full)
+  reordered = tiny_model(track_beams=False)[0]
+  np.testing.assert_array_equal(np.asarray(decode_jit(model=reordered, **kw)), full)
 
 
 def test_model_all_pad_rows_emit_nothing():

@@ -112,6 +112,41 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_
   return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
+def beam_attention(q_Nx1xHxK, k_NxHxSxK, v_NxHxSxK, lineage_NxJxS, *, score="scaled_dot",
+                   score_params=None):
+  """One decoding step of beam search's self-attention over a cache that beams
+  never move: each row's cache slot keeps the keys and values written by
+  whichever beam held that slot at each step, and lineage[b*J + k, j, s] says
+  whether beam k of item b descends from slot j's entry at position s (one slot
+  per position). The scores are each slot's keys against all J queries of its
+  item, so every cache row is read once, as the plain step reads it, and beam
+  search reorders only the lineage, not every layer's keys and values at every
+  step (benchmarks/README.md measures the difference). Equals
+  reference_attention over the beams' reordered caches.
+  """
+  N, _, H, K = q_Nx1xHxK.shape
+  J, S = lineage_NxJxS.shape[1:]
+  B = N // J
+  # Row (b, j) holds the queries of beams 0..J-1 of item b, as J query positions.
+  q_NxJxHxK = jnp.broadcast_to(q_Nx1xHxK.reshape(B, 1, J, H, K),
+                               (B, J, J, H, K)).reshape(N, J, H, K)
+  scores_BxJxHxJxS = attention_scores(q_NxJxHxK, k_NxHxSxK, score, score_params,
+                                      heads_major=True).reshape(B, J, H, J, S)
+  # [b, slot j, 1, beam k, s] = lineage[b*J + k, j, s].
+  mask = jnp.swapaxes(lineage_NxJxS.reshape(B, J, J, S), 1, 2)[:, :, None]
+  scores_BxJxHxJxS = jnp.where(mask, scores_BxJxHxJxS, jnp.finfo(jnp.float32).min)
+  # One distribution per beam over every (slot, position); non-ancestors get 0.
+  probs_NxHxJxS = jax.nn.softmax(scores_BxJxHxJxS, axis=(1, 4)).reshape(N, H, J, S)
+  # Heads before beams in the product's output: probs [J, S] x values [S, K] per
+  # (row, head), a plain matrix product (the beams-first output made XLA run it
+  # transposed, several times slower).
+  out_BxJxHxJxK = jnp.einsum("bhts,bhsk->bhtk", probs_NxHxJxS.astype(v_NxHxSxK.dtype),
+                             v_NxHxSxK, preferred_element_type=jnp.float32
+                             ).reshape(B, J, H, J, K)
+  out_BxJxHxK = jnp.swapaxes(out_BxJxHxJxK.sum(axis=1), 1, 2)
+  return out_BxJxHxK.reshape(N, 1, H, K).astype(v_NxHxSxK.dtype)
+
+
 # What cuDNN's fused attention takes (jax.nn.dot_product_attention, implementation
 # 'cudnn'): 16-bit inputs, and a head size that is a multiple of 8 up to 128.
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -185,7 +220,8 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD, memory_BxSxD, mask, *, deterministic: bool,
-               decode: bool = False, decode_step: Optional[Array] = None):
+               decode: bool = False, decode_step: Optional[Array] = None,
+               lineage: Optional[Array] = None):
     cfg = self.config
     dense = lambda name, size: Dense(
         (cfg.num_heads, size), use_bias=cfg.attention_bias, dtype=cfg.compute_dtype,
@@ -221,6 +257,10 @@ class MultiHeadAttention(nn.Module):
         start = (0, 0, decode_step, 0)
         key.value = jax.lax.dynamic_update_slice(key.value, _heads_major(k_BxSxHxK), start)
         value.value = jax.lax.dynamic_update_slice(value.value, _heads_major(v_BxSxHxK), start)
+        if lineage is not None:  # Beam search: the cache stays where it was written.
+          return merge_heads(beam_attention(q_BxTxHxK, key.value, value.value, lineage,
+                                            score=cfg.attention_score,
+                                            score_params=score_params))
         mask = (jnp.arange(key.value.shape[2]) <= decode_step)[None, None, None, :]
         out_BxTxHxK = attend(q_BxTxHxK, key.value, value.value, mask, heads_major=True)
         return merge_heads(out_BxTxHxK)

@@ -48,6 +48,13 @@ class DecodingModel:
     """The cache extended to hold `length` steps (a no-op where it has no length)."""
     raise NotImplementedError
 
+  def beams(self, cache: Any, beam_size: int) -> Any:
+    """The cache for beam search, its rows already repeated for the beams; a model
+    that keeps track of its beams itself adds what it needs here (and reorders
+    that in `reorder`)."""
+    del beam_size
+    return cache
+
   def reorder(self, cache: Any, parent_BxK: Array) -> Any:
     """Beam search: row b*K + k of the new cache is row b*K + parent[b, k] of the old."""
     return gather_beams(cache, parent_BxK)
@@ -98,6 +105,8 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   repeat = lambda tree: jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, K, axis=0),
                                      tree)
   context, cache = repeat(context), repeat(cache)
+  if mode == 'beam':
+    cache = model.beams(cache, K)
 
   def logits_fn(ids_Nx1, cache, step):
     del step  # The model keeps its own step, if it needs one, in the cache.

@@ -163,14 +163,14 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, *,
-               deterministic: bool, decode: bool = False, decode_step=None):
+               deterministic: bool, decode: bool = False, decode_step=None, lineage=None):
     cfg = self.config
     self_attend = MultiHeadAttention(cfg, self_attention=True, name="self_attention")
     cross_attend = MultiHeadAttention(cfg, self_attention=False, name="cross_attention")
     y_BxTxD = _residual(
         cfg, y_BxTxD,
         lambda h: self_attend(h, h, self_mask, deterministic=deterministic,
-                              decode=decode, decode_step=decode_step),
+                              decode=decode, decode_step=decode_step, lineage=lineage),
         deterministic=deterministic, name="self_attention")
     y_BxTxD = _residual(
         cfg, y_BxTxD,
@@ -230,7 +230,7 @@ class Decoder(nn.Module):
           self_mask, attention.segment_mask(targets_segmentation, targets_segmentation))
       cross_mask = attention.combine_masks(
           cross_mask, attention.segment_mask(targets_segmentation, inputs_segmentation))
-    decode_step = None
+    decode_step = lineage = None
     positions_BxT = _positions(decoder_inputs_BxT, targets_position)
     if decode:
       # One shared step counter; it exists once the cache has been created.
@@ -241,6 +241,13 @@ class Decoder(nn.Module):
         step.value = decode_step + 1
         positions_BxT = jnp.full(decoder_inputs_BxT.shape, decode_step)
         self_mask = None  # The cache builds its own: keys at positions <= step.
+        if self.has_variable("cache", "lineage"):  # Beam search (TransformerDecoding.beams).
+          # Each row writes this step's keys and values into its own slot.
+          var = self.variable("cache", "lineage")
+          N, J, _ = var.value.shape
+          own_NxJx1 = ((jnp.arange(N) % J)[:, None] == jnp.arange(J)[None, :])[:, :, None]
+          var.value = jax.lax.dynamic_update_slice(var.value, own_NxJx1, (0, 0, decode_step))
+          lineage = var.value
 
     y_BxTxD = PositionalEncoding(cfg, name="positional")(
         self.embed(decoder_inputs_BxT), positions_BxT)
@@ -248,7 +255,7 @@ class Decoder(nn.Module):
     for i in range(cfg.num_layers):
       y_BxTxD = DecoderLayer(cfg, name=f"layer_{i}")(
           y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic=deterministic,
-          decode=decode, decode_step=decode_step)
+          decode=decode, decode_step=decode_step, lineage=lineage)
     if cfg.norm_position == "pre":
       y_BxTxD = nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name="final_norm")(y_BxTxD)
     if cfg.tie_output:
@@ -329,9 +336,13 @@ class TransformerDecoding(ModuleDecoding):
   Context: the encoder output, the source ids (the cross-attention mask) and
   every decoder layer's cross-attention keys/values. Cache: every decoder layer's
   self-attention keys/values, [N, H, steps, K] (attention.py), and the decoder's
-  shared step counter.
+  shared step counter; in beam search also the beams' lineage (`beams`), so that
+  keys and values stay where they were written. track_beams=False reorders the
+  keys and values themselves instead, as the RNN's cache is: the reference that
+  the lineage is tested against (tests/test_decode.py).
   """
   model: Transformer
+  track_beams: bool = True
 
   def init_state(self, params, encoded_BxSxD, inputs_BxS, cache_len):
     # `decode` in decode mode without a cache, on dummy [B, cache_len] inputs,
@@ -354,12 +365,30 @@ class TransformerDecoding(ModuleDecoding):
     return logits_Nx1xV[:, 0], _split_cross_attention(variables["cache"])[1]
 
   def grow(self, cache, length):
-    def grow(path, x):
-      if path[-1] not in ("cached_key", "cached_value"):
+    def grow(path, x):  # Each of these has its steps on axis 2.
+      if path[-1] not in ("cached_key", "cached_value", "lineage"):
         return x
-      return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
+      return jnp.pad(x, [(0, length - x.shape[2]) if a == 2 else (0, 0) for a in range(x.ndim)])
     flat = traverse_util.flatten_dict(cache)
     return traverse_util.unflatten_dict({k: grow(k, v) for k, v in flat.items()})
+
+  def beams(self, cache, beam_size):
+    """Adds the decoder's lineage, [N, K, steps] bool (attention.beam_attention):
+    beam search then reorders it instead of the keys and values."""
+    if beam_size == 1 or not self.track_beams:
+      return cache
+    flat = traverse_util.flatten_dict(cache)
+    N, _, steps, _ = next(v.shape for k, v in flat.items() if k[-1] == "cached_key")
+    flat[("decoder", "lineage")] = jnp.zeros((N, beam_size, steps), jnp.bool_)
+    return traverse_util.unflatten_dict(flat)
+
+  def reorder(self, cache, parent_BxK):
+    flat = traverse_util.flatten_dict(cache)
+    if ("decoder", "lineage") not in flat:
+      return decode.gather_beams(cache, parent_BxK)
+    # The keys and values stay in their slots; the lineage says whose they are.
+    moved = {k: v for k, v in flat.items() if k[-1] not in ("cached_key", "cached_value")}
+    return traverse_util.unflatten_dict({**flat, **decode.gather_beams(moved, parent_BxK)})
 
 
 def _split_cross_attention(cache):
