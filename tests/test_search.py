@@ -95,6 +95,21 @@ def test_top_k_equals_lax_top_k_with_ties(rows, length, k, chunk, levels, neg_in
   np.testing.assert_array_equal(indices, want_indices)
 
 
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 3), length=st.integers(1, 300), levels=st.integers(1, 6),
+       special=st.floats(0.0, 0.3), seed=st.integers(0, 2**31 - 1))
+def test_argmax_equals_jnp_argmax_with_ties(rows, length, levels, special, seed):
+  """search.argmax is jnp.argmax: the first of tied maxima, -inf and +inf taken as
+  values, the first NaN where a row has one."""
+  r = np.random.default_rng(seed)
+  x = r.integers(0, levels, (rows, length)).astype(np.float32)
+  for value in (-np.inf, np.inf, np.nan):
+    x[r.random((rows, length)) < special / 3] = value
+  got = search.argmax(jnp.asarray(x))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x), axis=-1))
+
+
 def test_top_k_on_a_long_row_of_distinct_values():
   x = jax.random.normal(jax.random.key(0), (4, 32000))
   for k in (1, 8):

@@ -49,9 +49,23 @@ def _row_limits(max_len: MaxLen, batch_size: int,
   return jnp.minimum(max_len_B, out_len), out_len
 
 
+def argmax(x_NxV: Array) -> Array:
+  """jnp.argmax over the last axis (the first maximum; the first NaN if any), int32.
+
+  Two reductions, the maximum and then the lowest index holding it, that XLA's
+  CPU backend vectorizes; its (value, index) reduction for argmax runs value by
+  value, ~4x slower over a vocabulary, and greedy decoding takes one per step
+  (benchmarks/README.md, 'Session 18').
+  """
+  V = x_NxV.shape[-1]
+  max_Nx1 = jnp.max(x_NxV, axis=-1, keepdims=True)
+  at_max_NxV = (x_NxV == max_Nx1) | jnp.isnan(x_NxV)  # max is NaN where any value is.
+  return jnp.min(jnp.where(at_max_NxV, jnp.arange(V, dtype=jnp.int32)[None, :], V), axis=-1)
+
+
 def _choose_greedy(logits_NxV: Array, step: Array) -> Array:
   del step
-  return jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
+  return argmax(logits_NxV)
 
 
 def _while(cond_fn, body_fn, state, out_len: int, grow):
