@@ -176,8 +176,13 @@ def top_k(x_BxM: Array, k: int, chunk: int = 128) -> Tuple[Array, Array]:
                     constant_values=-jnp.inf).reshape(B, C, chunk)
   _, chunks_Bxk = jax.lax.top_k(jnp.max(x_BxCxW, axis=2), k)
   chunks_Bxk = jnp.sort(chunks_Bxk, axis=1)  # Index order, for the order of ties.
-  values_Bxk, pos_Bxk = jax.lax.top_k(_take(x_BxCxW, chunks_Bxk).reshape(B, k * chunk), k)
-  return values_Bxk, _take(chunks_Bxk, pos_Bxk // chunk) * chunk + pos_Bxk % chunk
+  # The chosen chunks' values are read from x itself, so that the padded copy is
+  # only reduced, never written out.
+  idx_BxkW = (chunks_Bxk[:, :, None] * chunk + jnp.arange(chunk)[None, None, :]
+              ).reshape(B, k * chunk)
+  values_BxkW = jnp.where(idx_BxkW < M, _take(x_BxM, jnp.minimum(idx_BxkW, M - 1)), -jnp.inf)
+  values_Bxk, pos_Bxk = jax.lax.top_k(values_BxkW, k)
+  return values_Bxk, _take(idx_BxkW, pos_Bxk)
 
 
 def length_penalty(length, alpha) -> Array:
