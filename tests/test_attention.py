@@ -154,6 +154,42 @@ def test_multi_head_split_merge_matches_per_head_matrices(bias, score):
   np.testing.assert_allclose(out, expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("score", ["scaled_dot", "general", "additive"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_beam_attention_equals_the_reference_over_gathered_caches(score, dtype):
+  """beam_attention over slots that beams never leave equals reference_attention
+  over each beam's own cache, gathered position by position from the slot its
+  lineage names; positions no beam has reached yet (all False) are ignored."""
+  B, J, H, K, S, P = 2, 3, 2, 8, 7, 5  # P positions written so far.
+  rng = np.random.default_rng(5)
+  q, k, v = (jnp.asarray(rng.normal(size=shape), dtype) for shape in
+             ((B * J, 1, H, K), (B * J, H, S, K), (B * J, H, S, K)))
+  slot_NxP = rng.integers(0, J, (B * J, P))
+  lineage = np.zeros((B * J, J, S), bool)
+  for n, p in itertools.product(range(B * J), range(P)):
+    lineage[n, slot_NxP[n, p], p] = True
+  params = {}
+  if score != "scaled_dot":
+    cfg = tiny_config(attention_score=score, num_heads=H, d_model=H * K)
+    mha = MultiHeadAttention(cfg, self_attention=True)
+    x = jnp.zeros((1, 1, H * K))
+    variables = mha.init(jax.random.key(1), x, x, None, deterministic=True)["params"]
+    params = {n: variables[n] for n in variables if n.startswith("score_")}
+  got = attention.beam_attention(q, k, v, jnp.asarray(lineage), score=score,
+                                 score_params=params)
+  # Row n's own cache: position p from row (n // J) * J + slot[n, p].
+  rows_NxS = (np.arange(B * J) // J * J)[:, None] + np.pad(slot_NxP, ((0, 0), (0, S - P)))
+  gather = lambda x: np.stack([np.asarray(x, np.float32)[rows_NxS[n], :, np.arange(S)]
+                               .transpose(1, 0, 2) for n in range(B * J)])
+  mask = (np.arange(S) < P)[None, None, None, :]
+  want = attention.reference_attention(
+      q.astype(jnp.float32), jnp.asarray(gather(k)), jnp.asarray(gather(v)), mask,
+      score=score, score_params=params, heads_major=True)
+  assert got.shape == (B * J, 1, H, K) and got.dtype == dtype
+  np.testing.assert_allclose(np.asarray(got, np.float32), want,
+                             atol=1e-5 if dtype == jnp.float32 else 2e-2)
+
+
 def test_masks():
   causal = np.asarray(attention.causal_mask(3))[0, 0]
   np.testing.assert_array_equal(causal, [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
