@@ -316,6 +316,29 @@ def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
         assert rows[0] > rows[1] > rows[2], rows
 
 
+def test_beam_never_chooses_a_nan_logit():
+  """A NaN logit counts as -inf: the rest of its row still decodes, as if the
+  token were impossible."""
+  r = np.random.RandomState(4)
+  table = (2.0 * r.randn(T_MAX, V)).astype(np.float32)
+  table[:, PAD] = -np.inf
+  with_nan, with_inf = table.copy(), table.copy()
+  with_nan[:, 3] = np.nan
+  with_inf[:, 3] = -np.inf
+
+  def run(table):
+    table = jnp.asarray(table)
+    logits_fn = lambda ids_Nx1, cache, step: (table[cache['i']][None].repeat(ids_Nx1.shape[0], 0),
+                                              {'i': cache['i'] + 1})
+    return search.beam_search(logits_fn, {'i': jnp.int32(0)}, batch_size=1, beam_size=3,
+                              alpha=0.6, max_len=T_MAX, bos_id=BOS, eos_id=EOS)
+
+  (ids, scores), (want_ids, want_scores) = run(with_nan), run(with_inf)
+  assert np.isfinite(np.asarray(scores)).all() and 3 not in np.asarray(ids)
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_array_equal(scores, want_scores)
+
+
 def test_beam_size_one_equals_greedy():
   """Without a length penalty, beam 1 is greedy. With one, greedy's output is
   among the single beam's finished candidates, so beam 1 scores at least as well

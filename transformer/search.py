@@ -309,6 +309,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   rule of tensor2tensor's beam search). The result is then the one of a search
   that runs every item to its max_len. With K = 1 and alpha = 0 this is greedy
   search; with alpha > 0 the single beam may run past an EOS greedy stops at.
+  A NaN logit counts as -inf (the token is never chosen).
   With best_only, only row 0 of each item is wanted: an item also stops once
   its best finished hypothesis beats that bound, even with empty finished
   slots (row 0 is then final; the other rows may not be the K best).
@@ -349,6 +350,10 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     active_B = ~done_B
     logits_NxV, cache = logits_fn(s.last.reshape(B * K, 1), s.cache, t)
     V = logits_NxV.shape[-1]
+    # A NaN logit is a token never chosen, not a NaN row. The select also keeps
+    # XLA's CPU backend from fusing the log-softmax's reductions into the logits
+    # product, where they ran ~4x slower than apart (benchmarks/README.md).
+    logits_NxV = jnp.where(jnp.isnan(logits_NxV), NEG_INF, logits_NxV)
     logp_BxKxV = (jax.nn.log_softmax(logits_NxV.astype(jnp.float32)).reshape(B, K, V)
                   + s.live_logp[:, :, None])
     # 2K candidates guarantee K that do not end in EOS.
