@@ -23,7 +23,8 @@ class DecodingModel:
   and none changes (the encoder's output, the cross-attention keys/values), and
   the *cache*, which each step updates (self-attention keys/values, a recurrent
   state). Beam search repeats both for the beams of an item (batch-major rows
-  b*K + k) and reorders only the cache. Implementations are hashable (they are
+  b*K + k), lets the model add to the cache what it tracks of the beams
+  (`beams`), and reorders only the cache. Implementations are hashable (they are
   static under jit): frozen dataclasses of a Flax module do.
   """
   pad_id: int
