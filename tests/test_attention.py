@@ -156,10 +156,13 @@ def test_multi_head_split_merge_matches_per_head_matrices(bias, score):
 
 @pytest.mark.parametrize("score", ["scaled_dot", "general", "additive"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_beam_attention_equals_the_reference_over_gathered_caches(score, dtype):
+@pytest.mark.parametrize("keys_transposed", [False, True])
+def test_beam_attention_equals_the_reference_over_gathered_caches(score, dtype,
+                                                                   keys_transposed):
   """beam_attention over slots that beams never leave equals reference_attention
   over each beam's own cache, gathered position by position from the slot its
-  lineage names; positions no beam has reached yet (all False) are ignored."""
+  lineage names; positions no beam has reached yet (all False) are ignored. The
+  keys may be cached [N, H, S, K] or transposed, [N, H, K, S]."""
   B, J, H, K, S, P = 2, 3, 2, 8, 7, 5  # P positions written so far.
   rng = np.random.default_rng(5)
   q, k, v = (jnp.asarray(rng.normal(size=shape), dtype) for shape in
@@ -175,8 +178,9 @@ def test_beam_attention_equals_the_reference_over_gathered_caches(score, dtype):
     x = jnp.zeros((1, 1, H * K))
     variables = mha.init(jax.random.key(1), x, x, None, deterministic=True)["params"]
     params = {n: variables[n] for n in variables if n.startswith("score_")}
-  got = attention.beam_attention(q, k, v, jnp.asarray(lineage), score=score,
-                                 score_params=params)
+  cached_k = jnp.swapaxes(k, 2, 3) if keys_transposed else k
+  got = attention.beam_attention(q, cached_k, v, jnp.asarray(lineage), score=score,
+                                 score_params=params, keys_transposed=keys_transposed)
   # Row n's own cache: position p from row (n // J) * J + slot[n, p].
   rows_NxS = (np.arange(B * J) // J * J)[:, None] + np.pad(slot_NxP, ((0, 0), (0, S - P)))
   gather = lambda x: np.stack([np.asarray(x, np.float32)[rows_NxS[n], :, np.arange(S)]

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import decode, search
+from transformer import attention, decode, search
 from transformer.config import ModelConfig
 from transformer.model import Transformer, TransformerDecoding, shift_right
 from tests.test_search import (BOS, EOS, H, PAD, T_MAX, V, check_well_formed, lp,  # pylint: disable=g-multiple-import
@@ -190,16 +190,20 @@ def test_model_beam_size_one_equals_greedy():
       decode_jit(mode='beam', beam_size=1, alpha=0.0, eos_id=M_EOS, **kw), greedy)
 
 
-@pytest.mark.parametrize('score,track_beams', [('scaled_dot', False), ('scaled_dot', True),
-                                               ('additive', True)])
-def test_model_reordered_cache_equals_forward_of_reordered_prefixes(score, track_beams):
+@pytest.mark.parametrize('score,track_beams,keys_transposed', [
+    ('scaled_dot', False, False), ('scaled_dot', True, True), ('scaled_dot', True, False),
+    ('additive', True, True)])
+def test_model_reordered_cache_equals_forward_of_reordered_prefixes(
+    score, track_beams, keys_transposed, monkeypatch):
   """After a `reorder` by beam parents at every step, the next cached step of each
   row gives the logits of the teacher-forced forward pass over the history its
   parents chose: the self-attention state moves with the beams (the keys and
   values themselves, or with track_beams the lineage that beam_attention reads
   them through), the encoder's keys and values stay with the item. Distinct
   random tokens and parents make every row's history matter (the tiny model's
-  own beams are too alike to show a wrong reorder); the cache grows midway."""
+  own beams are too alike to show a wrong reorder); the cache grows midway. The lineage is tested with the float32 keys transposed,
+  as beam search caches them, and in the layout bfloat16 keeps."""
+  monkeypatch.setattr(attention, 'beam_keys_transposed', lambda dtype: keys_transposed)
   model, params = tiny_model(score, track_beams)
   B, K, T = 2, 3, 5
   inputs_BxS = jnp.asarray(sources([6, 3], 6, seed=6))

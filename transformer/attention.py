@@ -59,7 +59,7 @@ def _dot_scale(score, head_dim):
 
 
 def attention_scores(q_BxTxHxK, k_BxSxHxK, score="scaled_dot", score_params=None, *,
-                     heads_major=False):
+                     heads_major=False, keys_transposed=False):
   """[B, H, T, S] float32 scores of queries against keys (config.model.attention_score).
 
   scaled_dot: q.k / sqrt(d_k) (3.2.1); dot: q.k, the unscaled form footnote 4
@@ -68,9 +68,10 @@ def attention_scores(q_BxTxHxK, k_BxSxHxK, score="scaled_dot", score_params=None
   v^T tanh(W_q q + W_k k) with d_k hidden units. `score_params` holds the
   per-head [H, K, K] score_w (general), score_wq, score_wk and [H, K] score_v
   (additive). Scores are float32 whatever the compute dtype: bf16 exponentials
-  lose too much precision.
+  lose too much precision. Keys are [B, S, H, K], [B, H, S, K] with heads_major,
+  or [B, H, K, S] with keys_transposed (beam_keys_transposed).
   """
-  kv = "bhsk" if heads_major else "bshk"
+  kv = "bhks" if keys_transposed else "bhsk" if heads_major else "bshk"
   p = score_params
   # The score matrices multiply in float32 (XLA's CPU runtime has no bf16 x bf16 ->
   # float32 dot with these batch axes; the scores are float32 anyway).
@@ -112,8 +113,18 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_
   return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
 
 
+def beam_keys_transposed(dtype) -> bool:
+  """Whether beam search caches self-attention keys as [N, H, K, steps]
+  (TransformerDecoding.beams): in float32, beam_attention's scores are then a
+  plain product that YNNPACK runs at about twice the bandwidth of the product
+  with the keys' K minor; in bfloat16, XLA's CPU backend rewrites each step's
+  write into the transposed cache as a slower pass over all of it, and the plain
+  layout is faster (benchmarks/README.md, 'Session 19')."""
+  return jnp.dtype(dtype) == jnp.float32
+
+
 def beam_attention(q_Nx1xHxK, k_NxHxSxK, v_NxHxSxK, lineage_NxJxS, *, score="scaled_dot",
-                   score_params=None):
+                   score_params=None, keys_transposed=False):
   """One decoding step of beam search's self-attention over a cache that beams
   never move: each row's cache slot keeps the keys and values written by
   whichever beam held that slot at each step, and lineage[b*J + k, j, s] says
@@ -122,7 +133,8 @@ def beam_attention(q_Nx1xHxK, k_NxHxSxK, v_NxHxSxK, lineage_NxJxS, *, score="sca
   item, so every cache row is read once, as the plain step reads it, and beam
   search reorders only the lineage, not every layer's keys and values at every
   step (benchmarks/README.md measures the difference). Equals
-  reference_attention over the beams' reordered caches.
+  reference_attention over the beams' reordered caches. With keys_transposed
+  the keys are [N, H, K, S].
   """
   N, _, H, K = q_Nx1xHxK.shape
   J, S = lineage_NxJxS.shape[1:]
@@ -131,7 +143,8 @@ def beam_attention(q_Nx1xHxK, k_NxHxSxK, v_NxHxSxK, lineage_NxJxS, *, score="sca
   q_NxJxHxK = jnp.broadcast_to(q_Nx1xHxK.reshape(B, 1, J, H, K),
                                (B, J, J, H, K)).reshape(N, J, H, K)
   scores_BxJxHxJxS = attention_scores(q_NxJxHxK, k_NxHxSxK, score, score_params,
-                                      heads_major=True).reshape(B, J, H, J, S)
+                                      heads_major=True, keys_transposed=keys_transposed
+                                      ).reshape(B, J, H, J, S)
   # [b, slot j, 1, beam k, s] = lineage[b*J + k, j, s].
   mask = jnp.swapaxes(lineage_NxJxS.reshape(B, J, J, S), 1, 2)[:, :, None]
   scores_BxJxHxJxS = jnp.where(mask, scores_BxJxHxJxS, jnp.finfo(jnp.float32).min)
@@ -255,12 +268,17 @@ class MultiHeadAttention(nn.Module):
                             _heads_major(v_BxSxHxK).shape, v_BxSxHxK.dtype)
       if cached:  # One step: x is [B, 1, D]; write it at decode_step, attend to <= step.
         start = (0, 0, decode_step, 0)
-        key.value = jax.lax.dynamic_update_slice(key.value, _heads_major(k_BxSxHxK), start)
+        # Beam search may keep the keys as [B, H, K, steps] (beam_keys_transposed).
+        transposed = lineage is not None and beam_keys_transposed(key.value.dtype)
+        new_key = jnp.transpose(k_BxSxHxK, (0, 2, 3, 1)) if transposed else _heads_major(k_BxSxHxK)
+        key.value = jax.lax.dynamic_update_slice(
+            key.value, new_key, (0, 0, 0, decode_step) if transposed else start)
         value.value = jax.lax.dynamic_update_slice(value.value, _heads_major(v_BxSxHxK), start)
         if lineage is not None:  # Beam search: the cache stays where it was written.
           return merge_heads(beam_attention(q_BxTxHxK, key.value, value.value, lineage,
                                             score=cfg.attention_score,
-                                            score_params=score_params))
+                                            score_params=score_params,
+                                            keys_transposed=transposed))
         mask = (jnp.arange(key.value.shape[2]) <= decode_step)[None, None, None, :]
         out_BxTxHxK = attend(q_BxTxHxK, key.value, value.value, mask, heads_major=True)
         return merge_heads(out_BxTxHxK)

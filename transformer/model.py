@@ -337,7 +337,8 @@ class TransformerDecoding(ModuleDecoding):
   every decoder layer's cross-attention keys/values. Cache: every decoder layer's
   self-attention keys/values, [N, H, steps, K] (attention.py), and the decoder's
   shared step counter; in beam search also the beams' lineage (`beams`), so that
-  keys and values stay where they were written. track_beams=False reorders the
+  keys and values stay where they were written, and in float32 the keys as
+  [N, H, K, steps] (attention.beam_keys_transposed). track_beams=False reorders the
   keys and values themselves instead, as the RNN's cache is: the reference that
   the lineage is tested against (tests/test_decode.py).
   """
@@ -365,20 +366,27 @@ class TransformerDecoding(ModuleDecoding):
     return logits_Nx1xV[:, 0], _split_cross_attention(variables["cache"])[1]
 
   def grow(self, cache, length):
-    def grow(path, x):  # Each of these has its steps on axis 2.
+    flat = traverse_util.flatten_dict(cache)
+    beams = ("decoder", "lineage") in flat
+
+    def grow(path, x):  # Steps on axis 2, or 3 for keys transposed (`beams`).
       if path[-1] not in ("cached_key", "cached_value", "lineage"):
         return x
-      return jnp.pad(x, [(0, length - x.shape[2]) if a == 2 else (0, 0) for a in range(x.ndim)])
-    flat = traverse_util.flatten_dict(cache)
+      axis = 3 if path[-1] == "cached_key" and beams and _transposed(x) else 2
+      return jnp.pad(x, [(0, length - x.shape[axis]) if a == axis else (0, 0)
+                         for a in range(x.ndim)])
     return traverse_util.unflatten_dict({k: grow(k, v) for k, v in flat.items()})
 
   def beams(self, cache, beam_size):
     """Adds the decoder's lineage, [N, K, steps] bool (attention.beam_attention):
-    beam search then reorders it instead of the keys and values."""
+    beam search then reorders it instead of the keys and values. Keys become
+    [N, H, K, steps] where attention.beam_keys_transposed says so."""
     if beam_size == 1 or not self.track_beams:
       return cache
     flat = traverse_util.flatten_dict(cache)
     N, _, steps, _ = next(v.shape for k, v in flat.items() if k[-1] == "cached_key")
+    flat = {k: jnp.swapaxes(v, 2, 3) if k[-1] == "cached_key" and _transposed(v) else v
+            for k, v in flat.items()}
     flat[("decoder", "lineage")] = jnp.zeros((N, beam_size, steps), jnp.bool_)
     return traverse_util.unflatten_dict(flat)
 
@@ -389,6 +397,11 @@ class TransformerDecoding(ModuleDecoding):
     # The keys and values stay in their slots; the lineage says whose they are.
     moved = {k: v for k, v in flat.items() if k[-1] not in ("cached_key", "cached_value")}
     return traverse_util.unflatten_dict({**flat, **decode.gather_beams(moved, parent_BxK)})
+
+
+def _transposed(key):
+  """Whether beam search keeps this self-attention key cache transposed."""
+  return attention.beam_keys_transposed(key.dtype)
 
 
 def _split_cross_attention(cache):
