@@ -201,8 +201,9 @@ def test_model_reordered_cache_equals_forward_of_reordered_prefixes(
   values themselves, or with track_beams the lineage that beam_attention reads
   them through), the encoder's keys and values stay with the item. Distinct
   random tokens and parents make every row's history matter (the tiny model's
-  own beams are too alike to show a wrong reorder); the cache grows midway. The lineage is tested with the float32 keys transposed,
-  as beam search caches them, and in the layout bfloat16 keeps."""
+  own beams are too alike to show a wrong reorder); the cache grows midway. The
+  lineage is tested with the keys transposed, as float32 beam search caches them,
+  and in the layout bfloat16 keeps."""
   monkeypatch.setattr(attention, 'beam_keys_transposed', lambda dtype: keys_transposed)
   model, params = tiny_model(score, track_beams)
   B, K, T = 2, 3, 5

@@ -117,9 +117,10 @@ def beam_keys_transposed(dtype) -> bool:
   """Whether beam search caches self-attention keys as [N, H, K, steps]
   (TransformerDecoding.beams): in float32, beam_attention's scores are then a
   plain product that YNNPACK runs at about twice the bandwidth of the product
-  with the keys' K minor; in bfloat16, XLA's CPU backend rewrites each step's
-  write into the transposed cache as a slower pass over all of it, and the plain
-  layout is faster (benchmarks/README.md, 'Session 19')."""
+  with the keys' K minor; in bfloat16, XLA's CPU backend turns each step's
+  write into a float32 round trip over the whole cache, twice as slow into the
+  transposed layout, and the plain layout is faster (benchmarks/README.md,
+  'Session 19')."""
   return jnp.dtype(dtype) == jnp.float32
 
 
