@@ -174,6 +174,57 @@ def test_cached_steps_equal_teacher_forced_forward():
                              atol=1e-5, rtol=0)
 
 
+def test_bfloat16_self_attention_cache_dtype_changes_nothing(monkeypatch):
+  """A CPU keeps a bfloat16 model's self-attention cache in float32 for greedy
+  search and sampling (attention.self_cache_dtype), and beam search converts it
+  back (TransformerDecoding.beams); other backends keep bfloat16. The cached
+  values are bfloat16's either way and the attention rounds its probabilities
+  to bfloat16, so the step logits agree to the last bit with either cache dtype,
+  and so do the decodes."""
+  assert attention.self_cache_dtype(jnp.bfloat16, 'cpu') == jnp.float32
+  assert attention.self_cache_dtype(jnp.bfloat16, 'gpu') == jnp.bfloat16
+  assert attention.self_cache_dtype(jnp.float32, 'tpu') == jnp.float32
+  cfg = ModelConfig(input_vocab_size=M_V, output_vocab_size=M_V, num_layers=2, d_model=32,
+                    d_ff=64, num_heads=2, dropout=0.0, max_len=16, dtype='bfloat16')
+  ones = jnp.ones((1, 4), jnp.int32)
+  model = TransformerDecoding(Transformer(cfg))
+  params = jax.jit(Transformer(cfg).init, **FAST)(jax.random.key(0), ones, ones)['params']
+  inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))
+  dec_in_BxT = jnp.asarray(sources([16, 16], 16, seed=2))
+  landed = attention.self_cache_dtype
+
+  def run(rule):
+    monkeypatch.setattr(attention, 'self_cache_dtype', rule)  # Read when tracing.
+
+    seen = {}
+
+    @functools.partial(jax.jit, **FAST)
+    def incremental(params):  # The step logits, teacher-forced; records the cache dtypes.
+      context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 16)
+      seen['cache'] = {x.dtype for x in jax.tree.leaves(cache) if x.ndim == 4}
+      seen['beams'] = {x.dtype for x in jax.tree.leaves(model.beams(cache, 2)) if x.ndim == 4}
+      step = lambda cache, t: model.step(params, context, cache, jax.lax.dynamic_slice_in_dim(
+          dec_in_BxT, t, 1, axis=1))[::-1]
+      return jax.lax.scan(step, cache, jnp.arange(16))[1]
+
+    logits = np.asarray(incremental(params))
+    kw = dict(model=model, params=params, inputs_BxS=inputs_BxS, max_extra_len=EXTRA,
+              eos_id=M_V)  # An EOS the model cannot emit: every row runs to its limit.
+    decodes = [np.asarray(decode_jit(mode='greedy', **kw)),
+               np.asarray(decode_jit(mode='sample', rng=jax.random.key(1), top_k=3, **kw)),
+               np.asarray(decode_jit(mode='beam', beam_size=3, **kw))]
+    return logits, seen['cache'], seen['beams'], decodes
+
+  cpu = run(lambda dtype, backend=None: landed(dtype, 'cpu'))
+  gpu = run(lambda dtype, backend=None: landed(dtype, 'gpu'))
+  assert cpu[1:3] == ({jnp.dtype(jnp.float32)}, {jnp.dtype(jnp.bfloat16)})
+  assert gpu[1:3] == ({jnp.dtype(jnp.bfloat16)}, {jnp.dtype(jnp.bfloat16)})
+  assert cpu[0].dtype == np.float32
+  np.testing.assert_array_equal(cpu[0], gpu[0])
+  for a, b in zip(cpu[3], gpu[3]):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_model_beam_size_one_equals_greedy():
   model, params = tiny_model()
   inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))

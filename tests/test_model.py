@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer import attention as attention_lib
 from transformer.config import ATTENTION_SCORES
 from transformer.model import (Embed, Transformer, shift_right, sinusoidal_table,
                                tied_logits)
@@ -207,8 +208,12 @@ def test_cached_decoding_equals_full_forward(norm_position, dtype, score, d_k):
     # entry moves logits by O(1).
     atol = 1e-5 if dtype == "float32" else 2e-2
     np.testing.assert_allclose(step_logits[:, 0], full[:, t], atol=atol)
-  # The cache holds keys and values in the compute dtype.
-  assert {x.dtype for x in jax.tree.leaves(cache) if x.ndim == 4} == {jnp.dtype(dtype)}
+  # The encoder's keys and values are cached in the compute dtype; the decoder's
+  # own in attention.self_cache_dtype's (float32 on a CPU).
+  cached = jax.tree_util.tree_flatten_with_path(cache)[0]
+  dtypes = lambda part: {x.dtype for p, x in cached if part in jax.tree_util.keystr(p)}
+  assert dtypes("cross_attention") == {jnp.dtype(dtype)}
+  assert dtypes("self_attention") == {jnp.dtype(attention_lib.self_cache_dtype(dtype))}
 
 
 @pytest.mark.parametrize("score", ATTENTION_SCORES)

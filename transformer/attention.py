@@ -110,7 +110,23 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_
   if dropout_rate > 0.0 and dropout_rng is not None:
     probs_BxHxTxS = dropout(probs_BxHxTxS, dropout_rate, dropout_rng)
   kv = "bhsk" if heads_major else "bshk"
-  return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+  # The probabilities in the compute dtype even where a float32 cache holds the
+  # values (self_cache_dtype).
+  return jnp.einsum(f"bhts,{kv}->bthk", probs_BxHxTxS.astype(q_BxTxHxK.dtype), v_BxSxHxK
+                    ).astype(q_BxTxHxK.dtype)
+
+
+def self_cache_dtype(dtype, backend: Optional[str] = None):
+  """The dtype of the decoding self-attention cache under compute `dtype`: float32
+  on a CPU, where XLA runs a single query's attention as float32 products and
+  writes a 16-bit cache through a float32 copy of the whole cache at every step
+  (its float-normalization pass), so a 16-bit cache costs two conversions a step
+  and saves nothing; `dtype` elsewhere, where it halves the bytes each step
+  reads. The cached values are the compute dtype's either way (written from
+  its projections) and the attention rounds its probabilities to the compute
+  dtype, so the outputs do not depend on this choice (tests/test_decode.py)."""
+  backend = backend or jax.default_backend()
+  return jnp.float32 if backend == "cpu" else jnp.dtype(dtype)
 
 
 def beam_keys_transposed(dtype) -> bool:
@@ -154,11 +170,11 @@ def beam_attention(q_Nx1xHxK, k_NxHxSxK, v_NxHxSxK, lineage_NxJxS, *, score="sca
   # Heads before beams in the product's output: probs [J, S] x values [S, K] per
   # (row, head), a plain matrix product (the beams-first output made XLA run it
   # transposed, several times slower).
-  out_BxJxHxJxK = jnp.einsum("bhts,bhsk->bhtk", probs_NxHxJxS.astype(v_NxHxSxK.dtype),
+  out_BxJxHxJxK = jnp.einsum("bhts,bhsk->bhtk", probs_NxHxJxS.astype(q_Nx1xHxK.dtype),
                              v_NxHxSxK, preferred_element_type=jnp.float32
                              ).reshape(B, J, H, J, K)
   out_BxJxHxK = jnp.swapaxes(out_BxJxHxJxK.sum(axis=1), 1, 2)
-  return out_BxJxHxK.reshape(N, 1, H, K).astype(v_NxHxSxK.dtype)
+  return out_BxJxHxK.reshape(N, 1, H, K).astype(q_Nx1xHxK.dtype)
 
 
 # What cuDNN's fused attention takes (jax.nn.dot_product_attention, implementation
@@ -263,18 +279,21 @@ class MultiHeadAttention(nn.Module):
 
     if decode and self.self_attention:
       cached = self.has_variable("cache", "cached_key")
+      dtype = self_cache_dtype(k_BxSxHxK.dtype)
       key = self.variable("cache", "cached_key", jnp.zeros,
-                          _heads_major(k_BxSxHxK).shape, k_BxSxHxK.dtype)
+                          _heads_major(k_BxSxHxK).shape, dtype)
       value = self.variable("cache", "cached_value", jnp.zeros,
-                            _heads_major(v_BxSxHxK).shape, v_BxSxHxK.dtype)
+                            _heads_major(v_BxSxHxK).shape, dtype)
       if cached:  # One step: x is [B, 1, D]; write it at decode_step, attend to <= step.
         start = (0, 0, decode_step, 0)
         # Beam search may keep the keys as [B, H, K, steps] (beam_keys_transposed).
         transposed = lineage is not None and beam_keys_transposed(key.value.dtype)
         new_key = jnp.transpose(k_BxSxHxK, (0, 2, 3, 1)) if transposed else _heads_major(k_BxSxHxK)
         key.value = jax.lax.dynamic_update_slice(
-            key.value, new_key, (0, 0, 0, decode_step) if transposed else start)
-        value.value = jax.lax.dynamic_update_slice(value.value, _heads_major(v_BxSxHxK), start)
+            key.value, new_key.astype(key.value.dtype),
+            (0, 0, 0, decode_step) if transposed else start)
+        value.value = jax.lax.dynamic_update_slice(
+            value.value, _heads_major(v_BxSxHxK).astype(value.value.dtype), start)
         if lineage is not None:  # Beam search: the cache stays where it was written.
           return merge_heads(beam_attention(q_BxTxHxK, key.value, value.value, lineage,
                                             score=cfg.attention_score,

@@ -379,12 +379,17 @@ class TransformerDecoding(ModuleDecoding):
 
   def beams(self, cache, beam_size):
     """Adds the decoder's lineage, [N, K, steps] bool (attention.beam_attention):
-    beam search then reorders it instead of the keys and values. Keys become
-    [N, H, K, steps] where attention.beam_keys_transposed says so."""
+    beam search then reorders it instead of the keys and values. The keys and
+    values are kept in the compute dtype (where attention.self_cache_dtype made
+    them float32, a bfloat16 beam search is faster with them 16-bit), the keys
+    as [N, H, K, steps] where attention.beam_keys_transposed says so."""
     if beam_size == 1 or not self.track_beams:
       return cache
     flat = traverse_util.flatten_dict(cache)
     N, _, steps, _ = next(v.shape for k, v in flat.items() if k[-1] == "cached_key")
+    dtype = self.model.config.compute_dtype
+    flat = {k: v.astype(dtype) if k[-1] in ("cached_key", "cached_value") else v
+            for k, v in flat.items()}
     flat = {k: jnp.swapaxes(v, 2, 3) if k[-1] == "cached_key" and _transposed(v) else v
             for k, v in flat.items()}
     flat[("decoder", "lineage")] = jnp.zeros((N, beam_size, steps), jnp.bool_)
