@@ -9,7 +9,10 @@ from here (no library file is edited):
   dropout=0          no dropout at all: an upper bound on what dropout costs
   rbg                jax_default_prng_impl=unsafe_rbg (XLA RngBitGenerator) for
                      the dropout masks instead of threefry
-  reference_attn     attention_impl="reference" instead of jax.nn.dot_product_attention
+  reference_attn     attention_impl="reference" instead of "fused" (the same program
+                     on a CPU, where "fused" runs the reference)
+  xla_attn           jax.nn.dot_product_attention's XLA form for "fused" attention
+                     whatever the backend (the CPU's choice before session 20)
   bfloat16           compute dtype bfloat16 (parameters stay float32)
   pack               a packed batch (data.batching="pack", pack_length = max_length)
                      instead of a bucketed one: compare target tokens/s, not time
@@ -35,9 +38,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # pylint: disable=g-import-not-at-top
 
 from benchmarks import common
-from transformer import runtime, sharding, state as state_lib, training
+from transformer import attention, runtime, sharding, state as state_lib, training
 
-VARIANTS = ("dropout=0", "rbg", "reference_attn", "bfloat16", "pack")
+VARIANTS = ("dropout=0", "rbg", "reference_attn", "xla_attn", "bfloat16", "pack")
 
 
 @contextlib.contextmanager
@@ -48,7 +51,19 @@ def variant(name):
       old = jax.config.jax_default_prng_impl
       jax.config.update("jax_default_prng_impl", "unsafe_rbg")
       stack.callback(jax.config.update, "jax_default_prng_impl", old)
+    if name == "xla_attn":  # Read when the step is traced.
+      stack.enter_context(_replaced(attention, "fused_implementation", lambda *a, **k: "xla"))
     yield
+
+
+@contextlib.contextmanager
+def _replaced(module, name, value):
+  old = getattr(module, name)
+  setattr(module, name, value)
+  try:
+    yield
+  finally:
+    setattr(module, name, old)
 
 
 def _config(size, name):

@@ -68,30 +68,33 @@ def _mask(kind, B=2, T=6):
                                   "segments+causal"])
 def test_the_chosen_fused_path_equals_the_reference_on_every_mask(kind, dtype):
   """What the model runs (fused_attention with the implementation chosen for this
-  backend; asked for cuDNN on a CPU, the XLA fallback) equals the reference, on
-  rows whose queries have at least one key (a padding query's output is never read)."""
+  backend; asked for cuDNN on a CPU, the XLA fallback; XLA's asked for) equals the
+  reference, on rows whose queries have at least one key (a padding query's
+  output is never read)."""
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 6, 4, 8)), dtype) for _ in range(3))
   mask = _mask(kind)
   want = attention.reference_attention(q, k, v, mask)
   tol = dict(atol=1e-5) if dtype == "float32" else dict(atol=2e-2)
-  for implementation in (None, "cudnn"):
+  for implementation in (None, "cudnn", "xla"):
     got = jax.jit(lambda q, k, v: attention.fused_attention(
         q, k, v, mask, implementation=implementation))(q, k, v)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                **tol, err_msg=f"{kind} {implementation}")
 
 
-def test_cudnn_is_chosen_on_a_gpu_for_16_bit_inputs_and_head_sizes_it_takes():
+def test_fused_implementation_per_backend_dtype_and_head_size():
   choose = attention.fused_implementation
   assert choose(jnp.bfloat16, 64, "gpu") == "cudnn"
   assert choose(jnp.float16, 128, "gpu") == "cudnn"
   assert choose(jnp.float32, 64, "gpu") == "xla"  # cuDNN's kernel takes 16-bit inputs.
   assert choose(jnp.bfloat16, 12, "gpu") == "xla"  # Not a multiple of 8.
   assert choose(jnp.bfloat16, 256, "gpu") == "xla"  # Over 128.
-  assert choose(jnp.bfloat16, 64, "cpu") == "xla"
+  assert choose(jnp.bfloat16, 64, "cpu") == "reference"  # Measured faster there.
+  assert choose(jnp.float32, 64, "cpu") == "reference"
   assert choose(jnp.bfloat16, 64, "tpu") == "xla"
-  assert choose(jnp.bfloat16, 64) == ("cudnn" if jax.default_backend() == "gpu" else "xla")
+  assert choose(jnp.bfloat16, 64) == {"gpu": "cudnn", "cpu": "reference"}.get(
+      jax.default_backend(), "xla")
 
 
 def test_scale_is_one_head_not_d_model():

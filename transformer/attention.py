@@ -185,25 +185,30 @@ CUDNN_MAX_HEAD_DIM = 128
 
 def fused_implementation(dtype, head_dim: int, backend: Optional[str] = None) -> str:
   """'cudnn' where cuDNN's kernel serves (a GPU, 16-bit compute, a head size it
-  takes), else 'xla' (CPUs, TPUs, float32: XLA fuses those itself)."""
+  takes); 'reference' on a CPU, where XLA has no fused kernel either and our
+  written-out form trains 2-5% faster than jax.nn's XLA form (benchmarks/README.md,
+  'Session 20'); else 'xla' (TPUs, GPUs in float32: XLA fuses those itself)."""
   backend = backend or jax.default_backend()
   if (backend in ("gpu", "cuda") and jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES)
       and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM):
     return "cudnn"
-  return "xla"
+  return "reference" if backend == "cpu" else "xla"
 
 
 def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
                     implementation: Optional[str] = None):
   """The same function through jax.nn.dot_product_attention: cuDNN's kernel on a GPU
   (every mask we use, padding, causal or packed segments, goes in as its boolean
-  mask), XLA's otherwise, and XLA's wherever cuDNN refuses a case when the
-  program is traced (an old cuDNN, a GPU generation, a shape it lacks)."""
+  mask), XLA's on TPUs and wherever cuDNN refuses a case when the program is
+  traced (an old cuDNN, a GPU generation, a shape it lacks); on a CPU the
+  reference (fused_implementation)."""
   assert score in SCORED_BY_FUSED, score
   attend = functools.partial(jax.nn.dot_product_attention, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK,
                              mask=mask, scale=_dot_scale(score, q_BxTxHxK.shape[-1]))
   implementation = implementation or fused_implementation(q_BxTxHxK.dtype,
                                                           q_BxTxHxK.shape[-1])
+  if implementation == "reference":
+    return reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score=score)
   if implementation == "cudnn":
     try:
       return attend(implementation="cudnn")

@@ -69,7 +69,8 @@ class ModelConfig:
   positional: str = "sinusoidal"  # Section 3.5; "learned" is Table 3 row (E).
   max_len: int = 256  # Longest position the model can represent.
   attention_score: str = "scaled_dot"  # QK^T / sqrt(d_k) (3.2.1) | dot | additive | general.
-  attention_impl: str = "fused"  # jax.nn.dot_product_attention, or "reference".
+  # "fused": jax.nn.dot_product_attention (cuDNN, XLA; on a CPU the reference) | "reference".
+  attention_impl: str = "fused"
   dtype: str = "float32"  # Compute dtype (or "auto"); parameters always stay float32.
   # The recurrent encoder-decoders the paper compares against (transformer/rnn.py).
   # They read d_model (embeddings, decoder state; d_model / 2 per encoder direction),
