@@ -120,11 +120,13 @@ def self_cache_dtype(dtype, backend: Optional[str] = None):
   """The dtype of the decoding self-attention cache under compute `dtype`: float32
   on a CPU, where XLA runs a single query's attention as float32 products and
   writes a 16-bit cache through a float32 copy of the whole cache at every step
-  (its float-normalization pass), so a 16-bit cache costs two conversions a step
-  and saves nothing; `dtype` elsewhere, where it halves the bytes each step
-  reads. The cached values are the compute dtype's either way (written from
-  its projections) and the attention rounds its probabilities to the compute
-  dtype, so the outputs do not depend on this choice (tests/test_decode.py)."""
+  (its float-normalization pass), so that a 16-bit cache costs two conversions
+  a step and saves nothing; `dtype` elsewhere, where it halves the bytes each
+  step reads. Beam search's attention reads a 16-bit cache without converting
+  it, and TransformerDecoding.beams converts the cache back. The cached values
+  are the compute dtype's either way (written from its projections) and the
+  attention rounds its probabilities to the compute dtype, so the outputs do
+  not depend on this choice (tests/test_decode.py)."""
   backend = backend or jax.default_backend()
   return jnp.float32 if backend == "cpu" else jnp.dtype(dtype)
 

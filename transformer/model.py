@@ -380,9 +380,9 @@ class TransformerDecoding(ModuleDecoding):
   def beams(self, cache, beam_size):
     """Adds the decoder's lineage, [N, K, steps] bool (attention.beam_attention):
     beam search then reorders it instead of the keys and values. The keys and
-    values are kept in the compute dtype (where attention.self_cache_dtype made
-    them float32, a bfloat16 beam search is faster with them 16-bit), the keys
-    as [N, H, K, steps] where attention.beam_keys_transposed says so."""
+    values are then held in the compute dtype (where attention.self_cache_dtype
+    made them float32, bfloat16 beam search is faster with them 16-bit), the
+    keys as [N, H, K, steps] where attention.beam_keys_transposed says so."""
     if beam_size == 1 or not self.track_beams:
       return cache
     flat = traverse_util.flatten_dict(cache)
