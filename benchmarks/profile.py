@@ -32,6 +32,7 @@ import os
 import statistics
 import tempfile
 import time
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -52,18 +53,9 @@ def variant(name):
       jax.config.update("jax_default_prng_impl", "unsafe_rbg")
       stack.callback(jax.config.update, "jax_default_prng_impl", old)
     if name == "xla_attn":  # Read when the step is traced.
-      stack.enter_context(_replaced(attention, "fused_implementation", lambda *a, **k: "xla"))
+      stack.enter_context(mock.patch.object(attention, "fused_implementation",
+                                            lambda *a, **k: "xla"))
     yield
-
-
-@contextlib.contextmanager
-def _replaced(module, name, value):
-  old = getattr(module, name)
-  setattr(module, name, value)
-  try:
-    yield
-  finally:
-    setattr(module, name, old)
 
 
 def _config(size, name):

@@ -387,11 +387,13 @@ class TransformerDecoding(ModuleDecoding):
       return cache
     flat = traverse_util.flatten_dict(cache)
     N, _, steps, _ = next(v.shape for k, v in flat.items() if k[-1] == "cached_key")
-    dtype = self.model.config.compute_dtype
-    flat = {k: v.astype(dtype) if k[-1] in ("cached_key", "cached_value") else v
-            for k, v in flat.items()}
-    flat = {k: jnp.swapaxes(v, 2, 3) if k[-1] == "cached_key" and _transposed(v) else v
-            for k, v in flat.items()}
+
+    def held(path, x):
+      if path[-1] not in ("cached_key", "cached_value"):
+        return x
+      x = x.astype(self.model.config.compute_dtype)
+      return jnp.swapaxes(x, 2, 3) if path[-1] == "cached_key" and _transposed(x) else x
+    flat = {k: held(k, v) for k, v in flat.items()}
     flat[("decoder", "lineage")] = jnp.zeros((N, beam_size, steps), jnp.bool_)
     return traverse_util.unflatten_dict(flat)
 
