@@ -100,7 +100,7 @@ def test_opt_out():
       "GLIBC_TUNABLES": None, "LD_PRELOAD": None, "TCMALLOC_RELEASE_RATE": None}
 
 
-def test_library_info_is_dropped_and_warnings_kept():
+def test_library_info_and_expected_warnings_are_dropped_and_others_kept():
   script = """
 from absl import logging
 from transformer import runtime
@@ -110,11 +110,16 @@ runtime.quiet_library_logs()
 runtime.quiet_library_logs()  # Twice: still one filter.
 import orbax.checkpoint._src.logging.standard_logger as lib
 # Compiled under an Orbax file name, the calls carry its path as Orbax's own do.
-exec(compile("logging.info('library info'); logging.warning('library warning')",
+exec(compile("logging.info('library info'); logging.warning('library warning'); "
+             "logging.warning('Given directory is read only=%s', '/ckpt')",
              lib.__file__, "exec"), {"logging": logging})
+logging.warning("Given directory is read only, said we")
 logging.info("our info")
 """
   out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                        text=True, check=True, env=dict(os.environ, TRANSFORMER_DEFAULT_MALLOC="1"))
   assert "library info" not in out.stderr
   assert out.stderr.count("library warning") == 1 and "our info" in out.stderr
+  # Orbax's warning on a checkpoint opened read-only (as restore does) is dropped;
+  # the same words from elsewhere are not.
+  assert "read only=/ckpt" not in out.stderr and "said we" in out.stderr
