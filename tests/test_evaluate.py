@@ -240,6 +240,34 @@ def test_unknown_or_absent_checkpoint_is_named(workdir):
     evaluate.run(workdir, split="test[:5]", checkpoint="7")
 
 
+def test_unreadable_checkpoints_are_named_in_one_line_and_kept(workdir, tmp_path):
+  """A damaged checkpoint (its state's _METADATA gone) asked for by step, then
+  every checkpoint damaged: a one-line error naming the directory and the step,
+  from the library and from the command (no traceback), and nothing moved."""
+  from transformer import checkpoints
+  damaged = str(tmp_path / "damaged")
+  shutil.copytree(workdir, damaged)
+  ckpt = os.path.join(damaged, "checkpoints")
+  os.remove(os.path.join(ckpt, "20", "state", "_METADATA"))
+  with pytest.raises(checkpoints.UnreadableCheckpointError,
+                     match=r"checkpoint 20 in .*checkpoints is unreadable") as e:
+    evaluate.run(damaged, split="test[:5]", checkpoint="20")
+  assert "\n" not in str(e.value)
+  os.remove(os.path.join(ckpt, "10", "state", "_METADATA"))
+  with pytest.raises(checkpoints.UnreadableCheckpointError,
+                     match=r"no readable checkpoint in .*checkpoints .*step 20: .*step 10: "):
+    evaluate.run(damaged, split="test[:5]")
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer.translate", "--workdir", damaged],
+      input="walk\n", cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert result.returncode == 1 and not result.stdout
+  errors = [l for l in result.stderr.splitlines() if l.startswith("translate: error:")]
+  assert len(errors) == 1 and "no readable checkpoint" in errors[0], result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  assert checkpoints.complete_steps(ckpt) == [10, 20]  # Set aside by no one.
+
+
 def test_unknown_split_and_bad_settings_are_named(workdir):
   with pytest.raises(ValueError, match="SCAN has splits 'train' and 'test', not 'dev'"):
     evaluate.run(workdir, split="dev")

@@ -29,6 +29,15 @@ class CheckpointSaveError(runtime.CommandError):
   """A checkpoint could not be written; the older ones are intact."""
 
 
+class UnreadableCheckpointError(runtime.CommandError):
+  """The checkpoint asked for, or every checkpoint there is, cannot be read."""
+
+
+def _first_line(error: Exception) -> str:
+  """`Type: first line` of an error: Orbax's and JAX's run to many lines."""
+  return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
 def complete_steps(directory: str) -> list:
   """The steps whose checkpoint directories are complete in `directory` (Orbax
   renames a step's directory into place only once it is written), read from the
@@ -137,13 +146,16 @@ class Checkpointer:
         return restored.state, restored.data, candidate
       except Exception as e:  # pylint: disable=broad-except
         if step is not None:
-          raise RuntimeError(f"checkpoint {candidate} in {self.directory} is unreadable: "
-                             f"{e}") from e
-        errors.append(f"step {candidate}: {type(e).__name__}: {str(e)[:200]}")
+          raise UnreadableCheckpointError(
+              f"checkpoint {candidate} in {self.directory} is unreadable (damaged or "
+              f"incomplete files): {_first_line(e)}") from e
+        errors.append(f"step {candidate}: {_first_line(e)}")
         logging.warning("Checkpoint step %d is unreadable (%s); trying an older one.",
-                        candidate, e)
+                        candidate, _first_line(e))
     if errors:
-      raise RuntimeError(f"no readable checkpoint in {self.directory}: {'; '.join(errors)}")
+      raise UnreadableCheckpointError(
+          f"no readable checkpoint in {self.directory} (damaged or incomplete files; "
+          f"nothing was changed there): {'; '.join(errors)}")
     return None
 
   def _set_aside(self, steps) -> None:
