@@ -5,6 +5,7 @@ import glob
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -234,6 +235,33 @@ def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp
   training.train_and_evaluate(config, workdir)  # Resumes from 10, not from scratch.
   assert restore_params(workdir, config)[2] == 12
   assert os.path.isdir(os.path.join(ckpt, "20.unreadable"))  # Set aside, not deleted.
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data_dir):
+  """One bit flipped in the newest checkpoint's largest data file: Orbax alone
+  restores it without an error, one array changed (zstd decompresses the damage
+  into other numbers); the checksums saved with it catch that, and restoring
+  falls back to the previous checkpoint. A checkpoint without checksums (as
+  written before they existed) restores unchecked."""
+  import orbax.checkpoint as ocp
+  workdir = str(tmp_path / "flipped")
+  config = tiny_experiment(data_dir, num_steps=20, eval_every=100)
+  training.train_and_evaluate(config, workdir)
+  ckpt = os.path.join(workdir, "checkpoints")
+  clean = jax.tree.leaves(ocp.PyTreeCheckpointer().restore(os.path.join(ckpt, "20", "state")))
+  largest = max(glob.glob(os.path.join(ckpt, "20", "state", "**", "d", "*"), recursive=True),
+                key=os.path.getsize)
+  data = bytearray(open(largest, "rb").read())
+  data[len(data) // 2] ^= 0x10
+  open(largest, "wb").write(data)
+  damaged = jax.tree.leaves(ocp.PyTreeCheckpointer().restore(os.path.join(ckpt, "20", "state")))
+  assert sum(not np.array_equal(a, b) for a, b in zip(clean, damaged)) == 1
+  assert restore_params(workdir, config)[2] == 10
+  with pytest.raises(checkpoints.UnreadableCheckpointError,
+                     match=r"checkpoint 20 .* checksum mismatch in [^,]*\]: its files were changed"):
+    restore_params(workdir, config, step=20)
+  shutil.rmtree(os.path.join(ckpt, "20", "checksums"))
+  assert restore_params(workdir, config, step=20)[2] == 20
 
 
 def test_train_step_makes_no_host_transfers(data_dir):

@@ -6,6 +6,13 @@ checkpoint that is present but unreadable is skipped with a warning in favour of
 the next older one; a training run then renames it to <step>.unreadable (kept,
 not deleted) so that it can save that step again.
 
+Each checkpoint also holds a checksum of every array of the state
+(`fingerprints`), checked when it is restored: damaged bytes in a data file
+that still decompress (as zstd does, into different numbers) would otherwise
+restore without an error, and training would go on from them. A mismatch makes
+the checkpoint unreadable, as above. Checkpoints written before the checksums
+existed restore unchecked.
+
 A save that fails (a full disk, a denied permission; Orbax writes in the
 background, so the error may surface at the next save or at close) raises
 CheckpointSaveError naming the step, the reason and the last good checkpoint;
@@ -20,6 +27,7 @@ import threading
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from transformer import runtime
@@ -36,6 +44,41 @@ class UnreadableCheckpointError(runtime.CommandError):
 def _first_line(error: Exception) -> str:
   """`Type: first line` of an error: Orbax's and JAX's run to many lines."""
   return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
+def _checksum(x):
+  """A uint32 checksum of an array's bits: sum_i w_i * odd_i mod 2^32 over its
+  32-bit (or narrower, zero-extended) words w_i. The multipliers odd_i are odd,
+  so a change to any one word always changes the sum; words moved or changed
+  together go unnoticed with probability ~2^-32."""
+  if x.dtype == jnp.bool_:
+    words = x.astype(jnp.uint32)
+  else:
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+    words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)  # 8 bytes: [..., 2].
+  words = words.reshape(-1)
+  odd = jnp.arange(words.size, dtype=jnp.uint32) * 2 + 1
+  return jnp.sum(words * (odd * jnp.uint32(0x9E3779B1)), dtype=jnp.uint32)
+
+
+_checksums = jax.jit(lambda leaves: [_checksum(x) for x in leaves])
+
+
+def fingerprints(tree) -> dict:
+  """{key path: checksum} of every array in `tree`, computed where the arrays are."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  sums = jax.device_get(_checksums([x for _, x in leaves]))
+  return {jax.tree_util.keystr(path): int(v) for (path, _), v in zip(leaves, sums)}
+
+
+def _check(state, saved: dict) -> None:
+  """ValueError naming the arrays whose checksums differ from those saved."""
+  got = fingerprints(state)
+  bad = [k for k in sorted(set(got) | set(saved)) if got.get(k) != saved.get(k)]
+  if bad:
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    raise ValueError(f"checksum mismatch in {', '.join(bad[:3])}{more}: its files were "
+                     "changed after they were written")
 
 
 def complete_steps(directory: str) -> list:
@@ -76,7 +119,7 @@ class Checkpointer:
         create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
         **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "data"))
+                                          item_names=("state", "data", "checksums"))
     self._pending = None  # The step being written in the background.
     self._failed = False  # A CheckpointSaveError was raised: close() reports no more.
 
@@ -92,7 +135,8 @@ class Checkpointer:
     self._wait()
     try:
       self._manager.save(int(step), metrics=metrics, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)))
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
+          checksums=ocp.args.JsonSave(fingerprints(state))))
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(int(step), e) from e
     self._pending = int(step)
@@ -137,8 +181,13 @@ class Checkpointer:
     errors = []
     for candidate in candidates:
       try:
-        restored = self._manager.restore(candidate, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+        items = dict(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
+        checked = os.path.isdir(os.path.join(self.directory, str(candidate), "checksums"))
+        if checked:
+          items["checksums"] = ocp.args.JsonRestore()
+        restored = self._manager.restore(candidate, args=ocp.args.Composite(**items))
+        if checked:
+          _check(restored.state, restored.checksums)
         if errors:
           logging.warning("Restored step %d after skipping unreadable checkpoints: %s",
                           candidate, "; ".join(errors))
