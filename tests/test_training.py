@@ -237,6 +237,8 @@ def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp
   assert os.path.isdir(os.path.join(ckpt, "20.unreadable"))  # Set aside, not deleted.
 
 
+# Orbax's own restore (no target) reads the shardings from the checkpoint, and says so.
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data_dir):
   """One bit flipped in the newest checkpoint's largest data file: Orbax alone
   restores it without an error, one array changed (zstd decompresses the damage
