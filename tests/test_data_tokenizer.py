@@ -115,3 +115,8 @@ def test_bad_inputs(tmp_path):
                                    vocab_size=40, hard_vocab_limit=False, minloglevel=2)
   with pytest.raises(ValueError, match='default_ids.model: special ids'):
     tok_lib.Tokenizer.load(str(path))
+  # A damaged vocabulary file (truncated, as a full disk leaves it) is named.
+  truncated = tmp_path / 'truncated.model'
+  truncated.write_bytes(tok_lib.train(TEXTS, 'bpe', 300).model_proto[:500])
+  with pytest.raises(ValueError, match='truncated.model is not a SentencePiece model'):
+    tok_lib.Tokenizer.load(str(truncated))

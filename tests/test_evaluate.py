@@ -224,10 +224,16 @@ def test_perplexity_is_the_one_training_logged(workdir):
   assert result["perplexity"] == pytest.approx(np.exp(result["nll"]), rel=1e-6)
 
 
-def test_missing_workdir_is_named(tmp_path):
+def test_missing_workdir_or_damaged_config_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="does not exist"):
     evaluate.run(str(tmp_path / "nowhere"))
   with pytest.raises(FileNotFoundError, match="config.json not found"):
+    evaluate.run(str(tmp_path))
+  (tmp_path / "config.json").write_text('{"model": ')  # Truncated.
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON .*line 1 column 11"):
+    evaluate.run(str(tmp_path))
+  (tmp_path / "config.json").write_text('[1, 2]')
+  with pytest.raises(ValueError, match=r"config.json holds a list, not a config"):
     evaluate.run(str(tmp_path))
 
 

@@ -38,7 +38,12 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir?")
   with open(path) as f:
-    values = json.load(f)
+    try:
+      values = json.load(f)
+    except json.JSONDecodeError as e:  # A ValueError that names no file.
+      raise ValueError(f"{path} is not valid JSON (damaged or truncated?): {e}") from e
+  if not isinstance(values, dict):
+    raise ValueError(f"{path} holds a {type(values).__name__}, not a config")
   # Workdirs written before config.model.attention_bias existed were trained with
   # biased attention projections (Flax's default then).
   values.get("model", {}).setdefault("attention_bias", True)

@@ -27,7 +27,11 @@ class Tokenizer:
   """Text <-> ids. `encode` adds no BOS/EOS; `decode` stops at EOS and drops PAD/BOS."""
 
   def __init__(self, model_proto, name='<memory>'):
-    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError as e:  # SentencePiece's parse error names neither file nor cause.
+      raise ValueError(f'{name} is not a SentencePiece model (damaged or truncated?): '
+                       f'{str(e).strip().splitlines()[0][:200]}') from e
     self.model_proto = model_proto
     found = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
     if found != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
