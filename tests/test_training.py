@@ -243,8 +243,9 @@ def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data
   """One bit flipped in the newest checkpoint's largest data file: Orbax alone
   restores it without an error, one array changed (zstd decompresses the damage
   into other numbers); the checksums saved with it catch that, and restoring
-  falls back to the previous checkpoint. A checkpoint without checksums (as
-  written before they existed) restores unchecked."""
+  falls back to the previous checkpoint. The data iterator's position is
+  checked as well. A checkpoint without checksums (as written before they
+  existed) restores unchecked."""
   import orbax.checkpoint as ocp
   workdir = str(tmp_path / "flipped")
   config = tiny_experiment(data_dir, num_steps=20, eval_every=100)
@@ -253,7 +254,8 @@ def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data
   clean = jax.tree.leaves(ocp.PyTreeCheckpointer().restore(os.path.join(ckpt, "20", "state")))
   largest = max(glob.glob(os.path.join(ckpt, "20", "state", "**", "d", "*"), recursive=True),
                 key=os.path.getsize)
-  data = bytearray(open(largest, "rb").read())
+  original = open(largest, "rb").read()
+  data = bytearray(original)
   data[len(data) // 2] ^= 0x10
   open(largest, "wb").write(data)
   damaged = jax.tree.leaves(ocp.PyTreeCheckpointer().restore(os.path.join(ckpt, "20", "state")))
@@ -262,6 +264,18 @@ def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data
   with pytest.raises(checkpoints.UnreadableCheckpointError,
                      match=r"checkpoint 20 .* checksum mismatch in [^,]*\]: its files were changed"):
     restore_params(workdir, config, step=20)
+  # The data position is checked too: valid JSON, one number changed.
+  open(largest, "wb").write(original)
+  position = os.path.join(ckpt, "20", "data", "metadata")
+  saved = open(position).read()
+  assert '"index": 20' in saved
+  open(position, "w").write(saved.replace('"index": 20', '"index": 21'))
+  with pytest.raises(checkpoints.UnreadableCheckpointError,
+                     match=r"checksum mismatch in the data position"):
+    restore_params(workdir, config, step=20)
+  open(position, "w").write(saved)
+  assert restore_params(workdir, config, step=20)[1]["index"] == 20
+  open(largest, "wb").write(data)
   shutil.rmtree(os.path.join(ckpt, "20", "checksums"))
   assert restore_params(workdir, config, step=20)[2] == 20
 

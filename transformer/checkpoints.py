@@ -7,11 +7,11 @@ the next older one; a training run then renames it to <step>.unreadable (kept,
 not deleted) so that it can save that step again.
 
 Each checkpoint also holds a checksum of every array of the state
-(`fingerprints`), checked when it is restored: damaged bytes in a data file
-that still decompress (as zstd does, into different numbers) would otherwise
-restore without an error, and training would go on from them. A mismatch makes
-the checkpoint unreadable, as above. Checkpoints written before the checksums
-existed restore unchecked.
+(`fingerprints`) and of the data iterator's position, checked when it is
+restored: damaged bytes in a data file that still decompress (as zstd does, into
+different numbers) would otherwise restore without an error, and training would
+go on from them. A mismatch makes the checkpoint unreadable, as above.
+Checkpoints written before the checksums existed restore unchecked.
 
 A save that fails (a full disk, a denied permission; Orbax writes in the
 background, so the error may surface at the next save or at close) raises
@@ -21,9 +21,11 @@ and a rerun resumes from that last good checkpoint.
 """
 
 import glob
+import json
 import os
 import shutil
 import threading
+import zlib
 
 from absl import logging
 import jax
@@ -61,20 +63,30 @@ def _checksum(x):
   return jnp.sum(words * (odd * jnp.uint32(0x9E3779B1)), dtype=jnp.uint32)
 
 
-_checksums = jax.jit(lambda leaves: [_checksum(x) for x in leaves])
+_checksum_all = jax.jit(lambda leaves: [_checksum(x) for x in leaves])
 
 
 def fingerprints(tree) -> dict:
   """{key path: checksum} of every array in `tree`, computed where the arrays are."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  sums = jax.device_get(_checksums([x for _, x in leaves]))
+  sums = jax.device_get(_checksum_all([x for _, x in leaves]))
   return {jax.tree_util.keystr(path): int(v) for (path, _), v in zip(leaves, sums)}
 
 
-def _check(state, saved: dict) -> None:
-  """ValueError naming the arrays whose checksums differ from those saved."""
-  got = fingerprints(state)
-  bad = [k for k in sorted(set(got) | set(saved)) if got.get(k) != saved.get(k)]
+def _checksums(state, data_state) -> dict:
+  """What a checkpoint stores to check itself by: the state's fingerprints and a
+  CRC-32 of the data iterator's position (JSON, read back as written)."""
+  return {"state": fingerprints(state),
+          "data": zlib.crc32(json.dumps(data_state, sort_keys=True).encode())}
+
+
+def _check(state, data_state, saved: dict) -> None:
+  """ValueError naming what differs from the checksums saved with a checkpoint."""
+  got = _checksums(state, data_state)
+  bad = [k for k in sorted(set(got["state"]) | set(saved["state"]))
+         if got["state"].get(k) != saved["state"].get(k)]
+  if got["data"] != saved["data"]:
+    bad.append("the data position")
   if bad:
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
     raise ValueError(f"checksum mismatch in {', '.join(bad[:3])}{more}: its files were "
@@ -136,7 +148,7 @@ class Checkpointer:
     try:
       self._manager.save(int(step), metrics=metrics, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-          checksums=ocp.args.JsonSave(fingerprints(state))))
+          checksums=ocp.args.JsonSave(_checksums(state, data_state))))
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(int(step), e) from e
     self._pending = int(step)
@@ -187,7 +199,7 @@ class Checkpointer:
           items["checksums"] = ocp.args.JsonRestore()
         restored = self._manager.restore(candidate, args=ocp.args.Composite(**items))
         if checked:
-          _check(restored.state, restored.checksums)
+          _check(restored.state, restored.data, restored.checksums)
         if errors:
           logging.warning("Restored step %d after skipping unreadable checkpoints: %s",
                           candidate, "; ".join(errors))
