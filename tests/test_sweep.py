@@ -3,6 +3,7 @@
 same configs, the run/skip/resume/failure rules, and the collected table."""
 
 import json
+import logging
 import os
 import shlex
 import subprocess
@@ -303,6 +304,27 @@ def fake_workdir(variant_dir, config, status=None, scalars=(), evaluations=(),
     with open(os.path.join(variant_dir, f"eval_{i}.json"), "w") as f:
       json.dump({"checkpoint": "latest", "limit": None, "beam_size": None, "alpha": None,
                  **result}, f)
+
+
+def test_a_damaged_status_or_evaluation_file_is_named_and_left_blank(tmp_path, caplog):
+  """A truncated sweep_status.json and an eval JSON that is not an object: the
+  row keeps what the rest of the workdir holds (steps from the checkpoints, the
+  other evaluation), and a warning names each file."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
+  variant_dir = str(tmp_path / "runs" / "base")
+  fake_workdir(variant_dir, sweep.variants[0].config, checkpoints=[100, 300], evaluations=[
+      {"split": "val", "mode": "greedy", "step": 300, "metrics": {"bleu": 21.25}}])
+  with open(os.path.join(variant_dir, results.STATUS_FILE), "w") as f:
+    f.write('{"status": "fini')
+  with open(os.path.join(variant_dir, "eval_9.json"), "w") as f:
+    f.write("[1, 2]")
+  with caplog.at_level(logging.WARNING):
+    row = results.variant_row(sweep.variants[0], variant_dir)
+  assert (row["status"], row["steps"], row["dev_bleu_greedy"]) == (None, 300, 21.25)
+  assert f"Skipping {variant_dir}/{results.STATUS_FILE}: not valid JSON" in caplog.text
+  assert f"Skipping {variant_dir}/eval_9.json: a list, not a JSON object" in caplog.text
 
 
 def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path):

@@ -20,6 +20,7 @@ import json
 import os
 from typing import Optional
 
+from absl import logging
 import jax
 
 from transformer import checkpoints, files, metrics as metrics_lib, summary
@@ -38,12 +39,24 @@ def count_parameters(config, vocab_size: int = 0) -> int:
   return sum(x.size for x in jax.tree.leaves(shapes))
 
 
+def _read_json(path: str) -> Optional[dict]:
+  """A JSON file's object; None, with a warning naming the file, where it is
+  damaged: one bad file leaves its figures blank instead of stopping the table."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    logging.warning("Skipping %s: not valid JSON (%s).", path, e)
+    return None
+  if not isinstance(value, dict):
+    logging.warning("Skipping %s: a %s, not a JSON object.", path, type(value).__name__)
+    return None
+  return value
+
+
 def read_status(variant_dir: str) -> Optional[dict]:
   path = os.path.join(variant_dir, STATUS_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(path) if os.path.exists(path) else None
 
 
 def write_status(variant_dir: str, status: dict) -> None:
@@ -93,8 +106,9 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
   is stale and ignored."""
   found = []
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
-    with open(path) as f:
-      result = json.load(f)
+    result = _read_json(path)
+    if result is None:
+      continue
     if (result.get("split") != split or result.get("mode") != mode or result.get("limit")
         or result.get("checkpoint") != checkpoint):
       continue
