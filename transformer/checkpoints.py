@@ -44,8 +44,8 @@ class UnreadableCheckpointError(runtime.CommandError):
 
 
 def _first_line(error: Exception) -> str:
-  """`Type: first line` of an error: Orbax's and JAX's run to many lines."""
-  return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+  """`Type: first line` of an error (runtime.first_line)."""
+  return f"{type(error).__name__}: {runtime.first_line(error)}"
 
 
 def _checksum(x):

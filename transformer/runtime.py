@@ -133,6 +133,12 @@ def quiet_library_logs() -> None:
     absl_logger.addFilter(_not_library_info)
 
 
+def first_line(error: Exception, limit: int = 200) -> str:
+  """The first line of an error's message (at most `limit` characters): enough for
+  a one-line report, where Orbax's, JAX's and SentencePiece's run to many lines."""
+  return (str(error).strip().splitlines() or [""])[0][:limit]
+
+
 class CommandError(Exception):
   """A problem the user fixes (a busy workdir, a config the workdir was not
   trained with, a checkpoint the disk refused), not a bug: reported in one line."""

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import sentencepiece as spm
 
-from transformer import files
+from transformer import files, runtime
 from transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, VOCAB_TYPES  # pylint: disable=g-multiple-import
 MODEL_FILENAME = 'spm.model'
 MAX_TRAIN_SENTENCES = 300_000  # Caps training time at seconds; more barely changes the pieces.
@@ -31,7 +31,7 @@ class Tokenizer:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     except RuntimeError as e:  # SentencePiece's parse error names neither file nor cause.
       raise ValueError(f'{name} is not a SentencePiece model (damaged or truncated?): '
-                       f'{str(e).strip().splitlines()[0][:200]}') from e
+                       f'{runtime.first_line(e)}') from e
     self.model_proto = model_proto
     found = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
     if found != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
