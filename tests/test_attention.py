@@ -1,6 +1,7 @@
 """Attention equals a naive per-head reference for every score; masks do what they say."""
 
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -81,6 +82,106 @@ def test_the_chosen_fused_path_equals_the_reference_on_every_mask(kind, dtype):
         q, k, v, mask, implementation=implementation))(q, k, v)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                **tol, err_msg=f"{kind} {implementation}")
+
+
+def _model_shaped_mask(kind, B, T):
+  """Each of the model's masks over [B, T] rows with random lengths and packing. In
+  packed rows a padding query (segment 0) of the encoder or the cross-attention
+  sees no key: the padding keys are masked out."""
+  def rows(seed):
+    rng = np.random.default_rng(seed)
+    tokens = np.arange(T)[None] < rng.integers(T // 4, T + 1, size=B)[:, None]
+    segments = np.where(tokens, np.cumsum(rng.random((B, T)) < 0.05, axis=1) + 1, 0)
+    return jnp.asarray(tokens, jnp.int32), jnp.asarray(segments)
+
+  (tokens, segments), (_, query_segments) = rows(0), rows(1)
+  causal, padding = attention.causal_mask(T), attention.padding_mask(tokens)
+  return {
+      "padding": padding,
+      "causal+padding": attention.combine_masks(causal, padding),
+      "segments+causal": attention.combine_masks(attention.segment_mask(segments, segments),
+                                                 causal),
+      "packed encoder": attention.combine_masks(
+          padding, attention.segment_mask(segments, segments)),
+      "packed cross": attention.combine_masks(
+          padding, attention.segment_mask(query_segments, segments)),
+  }[kind]
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's kernel needs a GPU")
+@pytest.mark.parametrize("kind", ["padding", "causal+padding", "segments+causal",
+                                  "packed encoder", "packed cross"])
+def test_cudnn_attention_runs_and_equals_the_reference_with_gradients(kind):
+  """At the model's shapes in bfloat16, the compiled step calls cuDNN's fused
+  kernel (not a silent fallback to XLA's), and its output on queries that see
+  a key, and the gradients of q, k and v, equal the float32 reference's; the
+  outputs of queries that see no key (never read in the model: the cotangent
+  is 0 there) stay finite."""
+  B, T, H, K = 4, 128, 8, 64
+  keys = jax.random.split(jax.random.key(0), 4)
+  q, k, v = (jax.random.normal(key, (B, T, H, K), jnp.float32).astype(jnp.bfloat16)
+             for key in keys[:3])
+  mask = _model_shaped_mask(kind, B, T)
+  sees_key_BxTx1x1 = jnp.broadcast_to(mask, (B, 1, T, T)).any(-1)[:, 0, :, None, None]
+  assert bool(sees_key_BxTx1x1.all()) == (kind not in ("packed encoder", "packed cross"))
+  cotangent = jax.random.normal(keys[3], (B, T, H, K), jnp.float32) * sees_key_BxTx1x1
+
+  def loss(implementation, q, k, v):
+    if implementation == "reference":
+      out = attention.reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask)
+    else:
+      out = attention.fused_attention(q, k, v, mask, implementation=implementation)
+    return (out.astype(jnp.float32) * cotangent).sum(), out
+
+  grads = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, impl), argnums=(0, 1, 2),
+                                            has_aux=True))
+           for impl in ("cudnn", "reference")}
+  hlo = grads["cudnn"].lower(q, k, v).compile().as_text()
+  assert "cudnn" in hlo.lower() and "fmha" in hlo.lower(), "cuDNN's kernel is not called"
+  (_, out), dqkv = grads["cudnn"](q, k, v)
+  (_, want), want_dqkv = grads["reference"](q, k, v)
+  relative = lambda a, b: float(jnp.linalg.norm(jnp.asarray(a, jnp.float32) - b)
+                                / jnp.linalg.norm(b))
+  assert bool(jnp.isfinite(out.astype(jnp.float32)).all()), kind
+  assert relative(out * sees_key_BxTx1x1, want * sees_key_BxTx1x1) < 1e-2, kind
+  for name, g, want_g in zip("qkv", dqkv, want_dqkv):
+    assert relative(g, want_g) < 2e-2, f"{kind}: d{name}"
+
+
+def test_fused_attention_gives_cudnn_its_mask_and_xla_the_model_s(monkeypatch):
+  """Wherever it runs, a cuDNN request passes cudnn_mask (one row per query, no
+  keyless row) and a fallback to XLA's the mask as the model built it."""
+  masks = {}
+
+  def attend(q, k, v, *, scale, mask, implementation):
+    masks[implementation] = mask
+    if implementation == "cudnn":
+      raise RuntimeError("no cuDNN here")
+    return q
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", attend)
+  q = jnp.zeros((1, 3, 2, 8), jnp.bfloat16)
+  mask = attention.combine_masks(attention.padding_mask(jnp.array([[5, 0, 0]])),
+                                 attention.segment_mask(jnp.array([[1, 0, 0]]),
+                                                        jnp.array([[1, 0, 0]])))
+  attention.fused_attention(q, q, q, mask, implementation="cudnn")
+  np.testing.assert_array_equal(masks["cudnn"], attention.cudnn_mask(mask, 1, 3, 3))
+  np.testing.assert_array_equal(masks["xla"], mask)
+
+
+def test_cudnn_mask_gives_every_query_its_own_row_and_at_least_one_key():
+  mask = attention.combine_masks(  # Row 0: the last query is padding and sees no key.
+      attention.padding_mask(jnp.array([[5, 6, 0], [5, 6, 7]])),
+      attention.segment_mask(jnp.array([[1, 2, 0], [1, 1, 2]]), jnp.array([[1, 2, 0],
+                                                                          [1, 1, 2]])))
+  got = attention.cudnn_mask(mask, 2, 3, 3)
+  assert got.shape == (2, 1, 3, 3)
+  np.testing.assert_array_equal(got[0, 0], [[1, 0, 0], [0, 1, 0], [1, 1, 1]])
+  np.testing.assert_array_equal(got[1, 0], mask[1, 0])
+  causal = attention.cudnn_mask(attention.causal_mask(3), 2, 3, 3)  # Broadcast over B.
+  np.testing.assert_array_equal(causal, jnp.broadcast_to(attention.causal_mask(3), (2, 1, 3, 3)))
+  padding = attention.cudnn_mask(attention.padding_mask(jnp.array([[5, 0]])), 1, 3, 2)
+  np.testing.assert_array_equal(padding[0, 0], [[1, 0]] * 3)  # One row per query.
 
 
 def test_fused_implementation_per_backend_dtype_and_head_size():
@@ -220,9 +321,10 @@ def test_dot_is_scaled_dot_without_the_scale(impl):
   mem = jnp.asarray(rng.normal(size=(2, 5, cfg.d_model)), jnp.float32)
   mask = attention.padding_mask(jnp.asarray([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]))
   params = scaled.init(jax.random.key(0), x, mem, mask, deterministic=True)["params"]
-  want = scaled.apply({"params": params}, x, mem, mask, deterministic=True)
-  query = jax.tree.map(lambda w: w / math.sqrt(cfg.head_dim), params["query"])
-  got = dot.apply({"params": {**params, "query": query}}, x, mem, mask, deterministic=True)
+  with jax.default_matmul_precision("float32"):  # Not a GPU's TF32 products.
+    want = scaled.apply({"params": params}, x, mem, mask, deterministic=True)
+    query = jax.tree.map(lambda w: w / math.sqrt(cfg.head_dim), params["query"])
+    got = dot.apply({"params": {**params, "query": query}}, x, mem, mask, deterministic=True)
   np.testing.assert_allclose(got, want, atol=1e-5)
   unscaled = dot.apply({"params": params}, x, mem, mask, deterministic=True)
   assert not np.allclose(unscaled, want, atol=1e-3)

@@ -197,27 +197,40 @@ def fused_implementation(dtype, head_dim: int, backend: Optional[str] = None) ->
   return "reference" if backend == "cpu" else "xla"
 
 
+def cudnn_mask(mask, B: int, T: int, S: int):
+  """A [B|1, 1, T|1, S] boolean mask as cuDNN's kernel takes it: one row per query
+  (it refuses a mask broadcast over the queries, such as the padding mask), and no
+  row without a key. A query that sees no key (a padding position of packed rows,
+  whose output no loss reads) gets every key instead: without that, packed
+  bfloat16 training through cuDNN had a NaN loss from its second step
+  (benchmarks/README.md, 'Session 22')."""
+  mask = jnp.broadcast_to(mask, (B, 1, T, S))
+  return mask | ~mask.any(axis=-1, keepdims=True)
+
+
 def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
                     implementation: Optional[str] = None):
   """The same function through jax.nn.dot_product_attention: cuDNN's kernel on a GPU
   (every mask we use, padding, causal or packed segments, goes in as its boolean
-  mask), XLA's on TPUs and wherever cuDNN refuses a case when the program is
-  traced (an old cuDNN, a GPU generation, a shape it lacks); on a CPU the
-  reference (fused_implementation)."""
+  mask, cudnn_mask), XLA's on TPUs and wherever cuDNN refuses a case when the
+  program is traced (an old cuDNN, a GPU generation, a shape it lacks); on a CPU
+  the reference (fused_implementation)."""
   assert score in SCORED_BY_FUSED, score
   attend = functools.partial(jax.nn.dot_product_attention, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK,
-                             mask=mask, scale=_dot_scale(score, q_BxTxHxK.shape[-1]))
+                             scale=_dot_scale(score, q_BxTxHxK.shape[-1]))
   implementation = implementation or fused_implementation(q_BxTxHxK.dtype,
                                                           q_BxTxHxK.shape[-1])
   if implementation == "reference":
     return reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score=score)
   if implementation == "cudnn":
+    B, T, _, _ = q_BxTxHxK.shape
     try:
-      return attend(implementation="cudnn")
+      return attend(mask=None if mask is None else cudnn_mask(mask, B, T, k_BxSxHxK.shape[1]),
+                    implementation="cudnn")
     except (ValueError, NotImplementedError, RuntimeError) as e:
       logging.warning("cuDNN attention refused queries %s: %s; using XLA's",
                       jax.typeof(q_BxTxHxK), (str(e) or type(e).__name__).splitlines()[0])
-  return attend(implementation="xla")
+  return attend(mask=mask, implementation="xla")
 
 
 def _heads_major(x_BxSxHxK):
