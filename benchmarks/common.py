@@ -236,19 +236,21 @@ def cpu_description(path="/proc/cpuinfo"):
 
 
 def probed_peak(measure, n, dtype, budget_s=30.0, repeats=5):
-  """(measure(n, repeats, dtype) in FLOP/s, None), or (None, why) when a 256^3 probe
-  says its 1 + repeats n^3 products would take over budget_s: without bfloat16
+  """(measure(n, repeats, dtype) in FLOP/s, None), or (None, why) when an (n/8)^3
+  probe says its 1 + repeats n^3 products would take over budget_s: without bfloat16
   instructions a framework may emulate them, and they then run for minutes (PyTorch
-  on an AVX2-only CPU: 1.3 GFLOP/s at 256^3, slower at 2048^3). A probe that says
-  skip is taken again, best of 3, first: one stalled product of a few milliseconds
-  must not drop a framework from the run."""
+  on an AVX2-only CPU: 1.3 GFLOP/s at 256^3, slower at 2048^3). n/8, not a fixed
+  size: a GPU runs a 256^3 product in its launch time, and scaled up that said
+  8192^3 would take 36 s. A probe that says skip is taken again, best of 3, first:
+  one stalled product of a few milliseconds must not drop a framework from the run."""
   seconds_at = lambda flops_per_s: (1 + repeats) * 2 * n**3 / flops_per_s
-  probe = measure(256, repeats=1, dtype=dtype)
+  m = max(n // 8, 16)
+  probe = measure(m, repeats=1, dtype=dtype)
   if seconds_at(probe) > budget_s:
-    probe = max(probe, measure(256, repeats=3, dtype=dtype))
+    probe = max(probe, measure(m, repeats=3, dtype=dtype))
   seconds = seconds_at(probe)
   if seconds > budget_s:
     return None, (f"{1 + repeats} {n}^3 {dtype} products would take ~{seconds:.0f} s here "
-                  f"({probe / 1e9:.1f} GFLOP/s at 256^3)")
+                  f"({probe / 1e9:.1f} GFLOP/s at {m}^3)")
   return measure(n, repeats=repeats, dtype=dtype), None
 

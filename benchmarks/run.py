@@ -9,7 +9,8 @@
 
 
 Everything runs in one process on the default JAX device, PyTorch eager on the
-CPU with torch.set_num_threads(cores). Both frameworks train on the same
+same kind of device (CUDA where JAX runs on a GPU, else the CPU with
+torch.set_num_threads(cores); torch_bench.DEVICE). Both frameworks train on the same
 batches (TrainBatches over synthetic sentence-length examples, or Multi30k with
 --data_dir) and decode the same sources; with --pack each side trains on its
 natural input instead, ours packed rows with segment masks (what our recipes
@@ -61,6 +62,11 @@ PEERS = (("pytorch", "PyTorch"), ("marian", "Marian"))  # Results key, column na
 DECODE_PEERS = {"torch": "PyTorch (no cache)", "marian": "Marian"}  # Decoding run prefixes.
 STEP_BUDGET_S = 60.0  # PyTorch's training is left out where one step would take longer.
 STEP_PROBE_ROWS = 4  # Rows of the step that estimates it (torch_bench.step_seconds).
+
+
+def peak_size(smoke):
+  """n of the peak's [n, n] products: 2048 saturates a CPU, a GPU needs 8192."""
+  return 256 if smoke else 8192 if jax.default_backend() == "gpu" else 2048
 
 
 def measure_peak(peaks, use_torch, n, dtype):
@@ -208,7 +214,7 @@ def _train(trainers, steps, peaks, use_torch, size):
   for i in range(steps):
     for trainer in trainers:
       trainer.step(i)
-  measure_peak(peaks, use_torch, 256 if size.name == "smoke" else 2048, size.dtype)
+  measure_peak(peaks, use_torch, peak_size(size.name == "smoke"), size.dtype)
 
 
 def _epoch_mix(size, sides):
@@ -325,6 +331,9 @@ def main(argv=None):
   p.add_argument("--json", help="write the results here")
   p.add_argument("--data_dir", help="Multi30k text folder (train.en/.de[.gz]); default synthetic")
   p.add_argument("--steps", type=int, help="timed training steps (default: per size)")
+  p.add_argument("--tokens_per_batch", type=int,
+                 help="training batch size in tokens a side (default: per size, 4096; "
+                 "the paper's is ~25000, for a GPU)")
   p.add_argument("--decode_sentences", type=int, help="sentences per decoding batch")
   p.add_argument("--decode_repeats", type=int,
                  help="timed decoding runs per side, interleaved (default: per size)")
@@ -351,13 +360,14 @@ def main(argv=None):
                  help=f"steps timed after a {allocators.PAUSE_S} s pause each")
   p.add_argument("--malloc_rounds", type=int, default=2)
   args = p.parse_args(argv)
-  for name in ("steps", "decode_sentences", "decode_repeats"):
+  for name in ("steps", "tokens_per_batch", "decode_sentences", "decode_repeats"):
     if getattr(args, name) is not None and getattr(args, name) < 1:
       p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
 
   names = ["smoke"] if args.smoke else [args.config] if args.config else args.sizes.split(",")
   sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]
   overrides = {k: v for k, v in (("train_steps", args.steps),
+                                 ("tokens_per_batch", args.tokens_per_batch),
                                  ("decode_sentences", args.decode_sentences),
                                  ("decode_repeats", args.decode_repeats),
                                  ("dtype", args.dtype)) if v}
@@ -388,9 +398,10 @@ def main(argv=None):
       **{k: os.environ.get(k, "") for k in ("GLIBC_TUNABLES", "LD_PRELOAD", *runtime.TCMALLOC_ENV)},
       "data": args.data_dir or "synthetic", "max_extra_len": args.max_extra_len,
       "torch": use_torch and __import__("torch").__version__,
+      "torch_device": use_torch and torch_bench.DEVICE,
       "transformers": use_marian and marian_bench.VERSION,
       "sizes": {s.name: dataclasses.asdict(s) for s in sizes}}}
-  n = 256 if args.smoke else 2048
+  n = peak_size(args.smoke)
   # The peak is measured before and after each size's training; the best one counts
   # (on a shared machine a measurement can only come out low, never high).
   peaks = {"ours": [], "pytorch": []}

@@ -1,5 +1,8 @@
 """The PyTorch baseline: torch.nn.Transformer in eager mode, set up as our model.
 
+It runs where our side runs: on CUDA when JAX's default backend is a GPU (and
+PyTorch sees one), else on the CPU with one thread per core (DEVICE).
+
 Same as ours: post-LN, relu, shared embedding scaled by sqrt(d_model),
 sinusoidal positions, tied pre-softmax projection, dropout P_drop on sub-layer
 outputs and embedding sums only (nn.Transformer's attention-probability and
@@ -15,6 +18,7 @@ import os
 import time
 import warnings
 
+import jax
 import numpy as np
 import torch
 from torch import nn
@@ -24,6 +28,8 @@ from benchmarks import common
 from transformer.data.tokenizer import BOS_ID, PAD_ID
 from transformer.model import shift_right, sinusoidal_table
 from benchmarks.jax_bench import page_faults
+
+DEVICE = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
 
 # The encoder's inference fast path (nested tensors for padding) warns it is a prototype.
 warnings.filterwarnings("ignore", message=".*nested tensors is in prototype.*")
@@ -67,27 +73,39 @@ def _schedule(d_model, warmup=4000):
   return lambda count: d_model**-0.5 * min((count + 1)**-0.5, (count + 1) * warmup**-1.5)
 
 
+def sync():
+  """Waits for the device's queued work (CUDA runs asynchronously; the CPU does not)."""
+  if DEVICE == "cuda":
+    torch.cuda.synchronize()
+
+
 def matmul_peak(n=2048, repeats=5, dtype="float32"):
   """FLOP/s of the best of `repeats` [n, n] x [n, n] torch.mm products in `dtype`."""
-  a, b = (torch.randn(n, n).to(getattr(torch, dtype)) for _ in range(2))
+  a, b = (torch.randn(n, n, device=DEVICE).to(getattr(torch, dtype)) for _ in range(2))
   torch.mm(a, b)
+  sync()
   best = float("inf")
   for _ in range(repeats):
     t0 = time.perf_counter()
     torch.mm(a, b)
+    sync()
     best = min(best, time.perf_counter() - t0)
   return 2 * n**3 / best
 
 
+def tensor(ids):
+  """int64 ids on DEVICE."""
+  return torch.from_numpy(np.asarray(ids).astype(np.int64)).to(DEVICE)
+
+
 def _tensors(batch):
-  src = torch.from_numpy(batch["inputs"].astype(np.int64))
-  tgt = torch.from_numpy(batch["targets"].astype(np.int64))
-  return src, torch.from_numpy(np.asarray(shift_right(batch["targets"], BOS_ID)).astype(np.int64)), tgt
+  return (tensor(batch["inputs"]), tensor(shift_right(batch["targets"], BOS_ID)),
+          tensor(batch["targets"]))
 
 
 def _autocast(dtype):
-  """Computation in `dtype` (a name: float32 = as is) under torch.autocast on the CPU."""
-  return torch.autocast("cpu", dtype=getattr(torch, dtype), enabled=dtype != "float32")
+  """Computation in `dtype` (a name: float32 = as is) under torch.autocast on DEVICE."""
+  return torch.autocast(DEVICE, dtype=getattr(torch, dtype), enabled=dtype != "float32")
 
 
 class Trainer:
@@ -97,7 +115,7 @@ class Trainer:
     torch.set_num_threads(os.cpu_count() or 1)
     torch.manual_seed(seed)
     self.size, self.batches = size, batches
-    self.model = TorchTransformer(size)
+    self.model = TorchTransformer(size).to(DEVICE)
     self.opt = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _schedule(size.d_model))
     self._data = [_tensors(b) for b in batches]
@@ -115,7 +133,7 @@ class Trainer:
     loss.backward()
     self.opt.step()
     self.sched.step()
-    return float(loss.detach())
+    return float(loss.detach())  # Waits for the step on CUDA too.
 
   def warm_up(self):
     self._run(0)
@@ -155,12 +173,13 @@ def greedy(model, src_BxS, max_len_B):
   """
   pad_BxS = src_BxS == PAD_ID
   memory_BxSxD = model.core.encoder(model.embed_ids(src_BxS), src_key_padding_mask=pad_BxS)
-  ys_BxT = torch.full((src_BxS.shape[0], 1), BOS_ID, dtype=torch.int64)
+  ys_BxT = torch.full((src_BxS.shape[0], 1), BOS_ID, dtype=torch.int64, device=DEVICE)
   for t in range(int(max_len_B.max())):
     T = ys_BxT.shape[1]
     y_BxTxD = model.core.decoder(
         model.embed_ids(ys_BxT), memory_BxSxD,
-        tgt_mask=nn.Transformer.generate_square_subsequent_mask(T), tgt_is_causal=True,
+        tgt_mask=nn.Transformer.generate_square_subsequent_mask(T, device=DEVICE),
+        tgt_is_causal=True,
         memory_key_padding_mask=pad_BxS)
     tok_B = (y_BxTxD[:, -1] @ model.embed.weight.T).argmax(-1)
     tok_B = torch.where(max_len_B > t, tok_B, PAD_ID)
@@ -170,9 +189,8 @@ def greedy(model, src_BxS, max_len_B):
 
 def decoder(model, sources_BxS, max_len_B, dtype="float32"):
   """run() greedy-decodes the batch once (autocast to `dtype`) and returns its seconds."""
-  model.eval()
-  src = torch.from_numpy(sources_BxS.astype(np.int64))
-  limits = torch.from_numpy(max_len_B.astype(np.int64))
+  model.eval().to(DEVICE)
+  src, limits = tensor(sources_BxS), tensor(max_len_B)
 
   def run():
     # nn.Transformer's inference fast path rejects autocast's bfloat16 inputs.
@@ -182,6 +200,7 @@ def decoder(model, sources_BxS, max_len_B, dtype="float32"):
       t0 = time.perf_counter()
       with _autocast(dtype):
         greedy(model, src, limits)
+      sync()
       return time.perf_counter() - t0
     finally:
       torch.backends.mha.set_fastpath_enabled(fastpath)

@@ -5,6 +5,7 @@ the Marian decoding peer torch and transformers; without them the run covers
 our half and only their checks are skipped.
 """
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -129,10 +130,11 @@ def test_bfloat16_packed_smoke_runs_both_sides_in_bfloat16_ours_packed(tmp_path)
   short): both sides compute in bfloat16; ours trains on packed rows, PyTorch on
   bucketed ones, and each side's padding and MFU come from its own batches; each
   side times every shape of its epoch, and its epoch tokens/s is the epoch's
-  real target tokens over those step times weighted by the shapes' batch counts."""
+  real target tokens over those step times weighted by the shapes' batch counts.
+  --tokens_per_batch sets both sides' batch size."""
   out = tmp_path / "bench.json"
   argv = (["--smoke", "--dtype", "bfloat16", "--pack", "--epoch_mix", "--malloc", "skip",
-           "--json", str(out)]
+           "--tokens_per_batch", "128", "--json", str(out)]
           + ([] if HAS_TORCH else ["--no_torch"]) + ([] if HAS_MARIAN else ["--no_marian"]))
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
@@ -141,11 +143,12 @@ def test_bfloat16_packed_smoke_runs_both_sides_in_bfloat16_ours_packed(tmp_path)
   assert results["meta"]["sizes"]["smoke"]["dtype"] == "bfloat16"
   assert results["meta"]["batching"] == {"ours": "pack", "pytorch": "bucket"}
   res = results["sizes"]["smoke"]
-  size = common.SIZES["smoke"]
+  size = dataclasses.replace(common.SIZES["smoke"], tokens_per_batch=128)
   bucketed = common.epoch_stats(size, common.synthetic_examples(size), "bucket")
   assert res["ours"]["data shapes per epoch"] == 1  # Rows of max_length slots.
   assert res["ours"]["data padding (target) %"] < 100 * bucketed["padding_target"]
-  assert {tuple(s) for s in res["batch_shapes"]["ours"]} == {(16, 16)}  # 256 slots.
+  assert {tuple(s) for s in res["batch_shapes"]["ours"]} == {(8, 16)}  # 128 slots.
+  assert all(b * t <= 128 for b, t in res["batch_shapes"]["pytorch"])
   if HAS_TORCH:
     assert res["pytorch"]["data padding (target) %"] == pytest.approx(
         100 * bucketed["padding_target"])
@@ -205,6 +208,10 @@ def test_a_product_that_would_not_finish_is_skipped_after_a_small_probe():
   assert flops is None and "would take ~79 s" in why
   flops, why = common.probed_peak(lambda n, repeats=5, dtype=None: 1e11, 2048, "float32")
   assert flops == 1e11 and why is None
+  # A GPU's peak takes 8192^3 products, probed at 1024^3 (a 256^3 one takes its launch time).
+  calls.clear()
+  flops, why = common.probed_peak(measure, 8192, "bfloat16")
+  assert flops is None and calls == [1024, 1024] and "at 1024^3" in why
 
 
 def test_one_stalled_probe_product_does_not_skip_a_framework():
@@ -271,7 +278,8 @@ def test_decode_only_times_decoding_alone_and_reports_each_interleaved_ratio(tmp
     assert f"in each of 3 interleaved runs: {', '.join(f'{r:.2f}' for r in ratios)}" in table
 
 
-@pytest.mark.parametrize("flag", ["--decode_repeats", "--steps", "--decode_sentences"])
+@pytest.mark.parametrize("flag", ["--decode_repeats", "--steps", "--decode_sentences",
+                                  "--tokens_per_batch"])
 def test_a_count_below_one_is_refused_by_name(flag, capsys):
   with pytest.raises(SystemExit):
     run.main(["--smoke", flag, "0"])
