@@ -174,6 +174,21 @@ def test_bfloat16_packed_smoke_runs_both_sides_in_bfloat16_ours_packed(tmp_path)
         printed.getvalue())
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (requirements-bench.txt)")
+def test_pytorch_warms_up_on_every_batch_shape_as_ours_compiles_each(monkeypatch):
+  from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+  size = common.SIZES["small"]  # Its first 10 batches have 3 shapes; no step runs here.
+  batches = common.timed_batches(size, common.synthetic_examples(size), 10)
+  shapes = {(b["inputs"].shape, b["targets"].shape) for b in batches}
+  assert len(shapes) > 1
+  trainer = torch_bench.Trainer(size, batches)
+  ran = []
+  monkeypatch.setattr(trainer, "_run", ran.append)
+  trainer.warm_up()
+  assert [(batches[i]["inputs"].shape, batches[i]["targets"].shape) for i in ran] == list(
+      dict.fromkeys((b["inputs"].shape, b["targets"].shape) for b in batches))
+
+
 def test_epoch_tokens_per_s_weights_each_shape_by_its_batches():
   stats = {"real_target": 900, "shape_counts": {(8, 16): 3, (4, 32): 1}}
   assert common.epoch_tokens_per_s(stats, {(8, 16): 2.0, (4, 32): 3.0}) == 900 / 9.0
