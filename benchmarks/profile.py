@@ -1,9 +1,12 @@
 """Where our training step's time goes: a per-op profile, and the step with one thing changed.
 
   python -m benchmarks.profile --size small --variants all --json prof.json
+  python -m benchmarks.profile --size base --dtype bfloat16 --tokens_per_batch 25000 \
+      --pack --variants reference_attn --interleave --steps 10   # cuDNN's gain on a GPU
 
 Every variant is the library's own train step (training.compile_steps) on the
-same pipeline batch, timed as the median of --steps steps after warm-up; its
+same pipeline batch (the baseline's dtype, batch size and batching set by
+--dtype, --tokens_per_batch and --pack), timed as the median of --steps steps after warm-up; its
 ratio is variant / baseline step time. Variants change one thing, traced in
 from here (no library file is edited):
   dropout=0          no dropout at all: an upper bound on what dropout costs
@@ -174,14 +177,18 @@ def main(argv=None):
   p.add_argument("--trace", action="store_true", help="per-op profile of the baseline step")
   p.add_argument("--interleave", action="store_true",
                  help="only: baseline and --variants alternating step by step (wall and CPU s)")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="the baseline's compute dtype")
+  p.add_argument("--tokens_per_batch", type=int, help="default: the size's, 4096")
+  p.add_argument("--pack", action="store_true", help="the baseline trains on a packed batch")
   p.add_argument("--json")
   args = p.parse_args(argv)
-  size = common.SIZES[args.size]
+  size = dataclasses.replace(common.SIZES[args.size], dtype=args.dtype,
+                             tokens_per_batch=args.tokens_per_batch
+                             or common.SIZES[args.size].tokens_per_batch)
   examples = common.synthetic_examples(size)
-  batch = common.timed_batches(size, examples, 1)[0]
-  packed = next(common.pipeline.TrainBatches(
-      examples, tokens_per_batch=size.tokens_per_batch, seed=0, batching="pack",
-      pack_length=size.max_length))
+  packed = common.timed_batches(size, examples, 1, batching="pack")[0]
+  batch = packed if args.pack else common.timed_batches(size, examples, 1)[0]
   names = (VARIANTS if args.variants == "all" else
            [] if args.variants == "none" else args.variants.split(","))
   print(f"size {size.name}, batch {batch['targets'].shape}, "

@@ -189,6 +189,20 @@ def test_pytorch_warms_up_on_every_batch_shape_as_ours_compiles_each(monkeypatch
       dict.fromkeys((b["inputs"].shape, b["targets"].shape) for b in batches))
 
 
+def test_profile_interleaves_a_variant_over_the_baseline_s_dtype_batch_and_packing():
+  """benchmarks.profile with the flags of the GPU check (benchmarks/gpu_check.sh):
+  a packed bfloat16 baseline of --tokens_per_batch slots against reference attention."""
+  from benchmarks import profile  # pylint: disable=g-import-not-at-top
+  results = profile.main(["--size", "smoke", "--dtype", "bfloat16", "--tokens_per_batch", "128",
+                          "--pack", "--variants", "reference_attn", "--interleave",
+                          "--steps", "1"])
+  assert results["size"]["dtype"] == "bfloat16" and results["size"]["tokens_per_batch"] == 128
+  assert results["batch_shape"] == [8, 16]  # Packed rows of max_length 16, 128 slots.
+  assert set(results["interleaved"]) == {"baseline", "reference_attn"}
+  for r in results["interleaved"].values():
+    assert r["step"] > 0 and r["target_tokens_per_s"] > 0
+
+
 def test_epoch_tokens_per_s_weights_each_shape_by_its_batches():
   stats = {"real_target": 900, "shape_counts": {(8, 16): 3, (4, 32): 1}}
   assert common.epoch_tokens_per_s(stats, {(8, 16): 2.0, (4, 32): 3.0}) == 900 / 9.0
