@@ -169,6 +169,23 @@ def test_fused_attention_gives_cudnn_its_mask_and_xla_the_model_s(monkeypatch):
   np.testing.assert_array_equal(masks["xla"], mask)
 
 
+def test_a_cudnn_refusal_is_logged_once_per_query_shape_and_reason(monkeypatch):
+  warnings = []
+  monkeypatch.setattr(attention.logging, "warning", lambda *a: warnings.append(a))
+  monkeypatch.setattr(attention, "_LOGGED_REFUSALS", set())
+  def attend(q, k, v, *, scale, mask, implementation):
+    if implementation == "cudnn":
+      raise RuntimeError("no cuDNN here\nmore lines")
+    return q
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", attend)
+  small, large = jnp.zeros((1, 3, 2, 8), jnp.bfloat16), jnp.zeros((1, 5, 2, 8), jnp.bfloat16)
+  for q in (small, small, large, small):  # Every layer of every trace asks again.
+    attention.fused_attention(q, q, q, None, implementation="cudnn")
+  assert [w[1:] for w in warnings] == [("bfloat16[1,3,2,8]", "no cuDNN here"),
+                                       ("bfloat16[1,5,2,8]", "no cuDNN here")]
+
+
 def test_cudnn_mask_gives_every_query_its_own_row_and_at_least_one_key():
   mask = attention.combine_masks(  # Row 0: the last query is padding and sees no key.
       attention.padding_mask(jnp.array([[5, 6, 0], [5, 6, 7]])),

@@ -228,9 +228,14 @@ def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
       return attend(mask=None if mask is None else cudnn_mask(mask, B, T, k_BxSxHxK.shape[1]),
                     implementation="cudnn")
     except (ValueError, NotImplementedError, RuntimeError) as e:
-      logging.warning("cuDNN attention refused queries %s: %s; using XLA's",
-                      jax.typeof(q_BxTxHxK), (str(e) or type(e).__name__).splitlines()[0])
+      refusal = (str(jax.typeof(q_BxTxHxK)), (str(e) or type(e).__name__).splitlines()[0])
+      if refusal not in _LOGGED_REFUSALS:  # Once, not at every layer and trace.
+        _LOGGED_REFUSALS.add(refusal)
+        logging.warning("cuDNN attention refused queries %s: %s; using XLA's", *refusal)
   return attend(mask=mask, implementation="xla")
+
+
+_LOGGED_REFUSALS = set()
 
 
 def _heads_major(x_BxSxHxK):
