@@ -137,7 +137,7 @@ class Trainer:
 
   def warm_up(self):
     """One step per distinct batch shape, as ours compiles each: on CUDA a shape's
-    first step also picks its kernels (an H200's 0.07 s step took 0.27 s)."""
+    first step also picks its kernels (benchmarks/README.md, 'Session 22')."""
     shapes = set()
     for i, (src, tgt_in, _) in enumerate(self._data):
       if (src.shape, tgt_in.shape) not in shapes:
@@ -196,7 +196,7 @@ def greedy(model, src_BxS, max_len_B):
 def decoder(model, sources_BxS, max_len_B, dtype="float32"):
   """run() greedy-decodes the batch once (autocast to `dtype`) and returns its seconds.
   One untimed run first, as ours compiles and Marian's Decoder warms up: on CUDA the
-  first took 7.0 s and the next 0.34 s."""
+  first run also sets up its kernels (benchmarks/README.md, 'Session 22')."""
   model.eval().to(DEVICE)
   src, limits = tensor(sources_BxS), tensor(max_len_B)
 

@@ -201,18 +201,20 @@ def cudnn_mask(mask, B: int, T: int, S: int):
   """A [B|1, 1, T|1, S] boolean mask as cuDNN's kernel takes it: one row per query
   (it refuses a mask broadcast over the queries, such as the padding mask), and no
   row without a key. A query that sees no key (a padding position of packed rows,
-  whose output no loss reads) gets every key instead: without that, packed
-  bfloat16 training through cuDNN had a NaN loss from its second step
-  (benchmarks/README.md, 'Session 22')."""
+  whose output no loss reads) gets every key instead: through cuDNN, packed
+  bfloat16 training's loss turns NaN without it (benchmarks/README.md, 'Session 22')."""
   mask = jnp.broadcast_to(mask, (B, 1, T, S))
   return mask | ~mask.any(axis=-1, keepdims=True)
+
+
+_LOGGED_REFUSALS = set()  # (query type, first line of cuDNN's error) already logged.
 
 
 def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
                     implementation: Optional[str] = None):
   """The same function through jax.nn.dot_product_attention: cuDNN's kernel on a GPU
-  (every mask we use, padding, causal or packed segments, goes in as its boolean
-  mask, cudnn_mask), XLA's on TPUs and wherever cuDNN refuses a case when the
+  (every mask we use, padding, causal or packed segments, goes in as a boolean
+  mask of one row per query, cudnn_mask), XLA's on TPUs and wherever cuDNN refuses a case when the
   program is traced (an old cuDNN, a GPU generation, a shape it lacks); on a CPU
   the reference (fused_implementation)."""
   assert score in SCORED_BY_FUSED, score
@@ -233,9 +235,6 @@ def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
         _LOGGED_REFUSALS.add(refusal)
         logging.warning("cuDNN attention refused queries %s: %s; using XLA's", *refusal)
   return attend(mask=mask, implementation="xla")
-
-
-_LOGGED_REFUSALS = set()
 
 
 def _heads_major(x_BxSxHxK):
