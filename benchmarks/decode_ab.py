@@ -24,7 +24,7 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   runtime.use_fast_malloc()
 
 from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
-from transformer import inference
+from transformer import inference, runtime
 from transformer import workdir as workdir_lib
 
 
@@ -63,6 +63,9 @@ def main():
   parser.add_argument("--limit", type=int, default=None, help="the first N sentences only")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
+  # Orbax's read-only notice and INFO lines, as evaluate drops them; no compilation
+  # cache, so that every run's compile time is measured.
+  runtime.quiet_library_logs()
 
   config = workdir_lib.load_config(args.workdir)
   split = args.split or config.data.test_split
