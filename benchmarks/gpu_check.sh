@@ -2,8 +2,9 @@
 # The GPU checks, in the order they matter, each under its own time limit, so
 # that a short lease still returns the first ones (benchmarks/README.md,
 # 'Session 22'): the cuDNN attention tests, cuDNN against the written-out
-# attention in the base bfloat16 step, then the benchmark against PyTorch and
-# Marian on the same GPU. Logs and JSON go to $OUT (default /tmp/gpu_check).
+# attention in the base bfloat16 step, the benchmark against PyTorch and Marian
+# on the same GPU, then the model and decoding tests (never yet run on a GPU).
+# Logs and JSON go to $OUT (default /tmp/gpu_check).
 #   bash benchmarks/gpu_check.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -30,4 +31,8 @@ stage "benchmark, small"
 timeout 150 "$PYTHON" -m benchmarks.run --sizes small --dtype bfloat16 --pack --malloc skip \
     --json "$OUT/bench_small.json" > "$OUT/bench_small.log" 2>&1
 grep -v "^WARNING" "$OUT/bench_small.log" | tail -40
+stage "model, decoding and mixed-precision tests on the GPU (float32 products at full precision, not TF32)"
+JAX_DEFAULT_MATMUL_PRECISION=highest timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider \
+    -p no:xdist tests/test_model.py tests/test_decode.py tests/test_mixed_precision.py 2>&1 \
+    | tee "$OUT/test_model_decode.log" | tail -8
 stage done
