@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer import runtime
 from transformer.config import ModelConfig
 from transformer.dropout import dropout
 from transformer.mixed_precision import Dense
@@ -214,9 +215,9 @@ def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
                     implementation: Optional[str] = None):
   """The same function through jax.nn.dot_product_attention: cuDNN's kernel on a GPU
   (every mask we use, padding, causal or packed segments, goes in as a boolean
-  mask of one row per query, cudnn_mask), XLA's on TPUs and wherever cuDNN refuses a case when the
-  program is traced (an old cuDNN, a GPU generation, a shape it lacks); on a CPU
-  the reference (fused_implementation)."""
+  mask of one row per query, cudnn_mask), XLA's on TPUs and wherever cuDNN
+  refuses a case when the program is traced (an old cuDNN, a GPU generation, a
+  shape it lacks); on a CPU the reference (fused_implementation)."""
   assert score in SCORED_BY_FUSED, score
   attend = functools.partial(jax.nn.dot_product_attention, q_BxTxHxK, k_BxSxHxK, v_BxSxHxK,
                              scale=_dot_scale(score, q_BxTxHxK.shape[-1]))
@@ -230,7 +231,7 @@ def fused_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, score="scaled_dot",
       return attend(mask=None if mask is None else cudnn_mask(mask, B, T, k_BxSxHxK.shape[1]),
                     implementation="cudnn")
     except (ValueError, NotImplementedError, RuntimeError) as e:
-      refusal = (str(jax.typeof(q_BxTxHxK)), (str(e) or type(e).__name__).splitlines()[0])
+      refusal = (str(jax.typeof(q_BxTxHxK)), runtime.first_line(e) or type(e).__name__)
       if refusal not in _LOGGED_REFUSALS:  # Once, not at every layer and trace.
         _LOGGED_REFUSALS.add(refusal)
         logging.warning("cuDNN attention refused queries %s: %s; using XLA's", *refusal)
