@@ -1,7 +1,8 @@
 """Run by tests/test_training.py with 8 fake CPU devices (XLA_FLAGS must be set
 before JAX starts, hence a separate process): training steps on a mesh of 8
 devices (data parallel with FSDP, and data=2 x model=4 tensor parallel with FSDP) equal the same steps on one device, and greedy and beam decoding
-with FSDP- and tensor-parallel-sharded parameters equal decoding on one device.
+with FSDP- and tensor-parallel-sharded parameters, two batches at a time, equal
+decoding on one device one batch at a time.
 
 Tolerance: the 8-way step sums per-device partial gradients in another order
 than the single device does, so float32 round-off differs (~1e-7 relative, and
@@ -62,14 +63,16 @@ def train(devices, fsdp, spec="data=-1,model=1"):
   return model, state, metrics, split
 
 
-def decode_all(model, params, config, mesh):
+def decode_all(model, params, config, mesh, concurrent_batches=None):
   rng = np.random.default_rng(1)
-  # 21 sources of 2-8 tokens: one batch of width 8, padded to 32 rows (one
-  # compilation a mode and mesh; the padding rows are split over the devices too).
+  # 21 sources of 2-8 tokens: three batches of 8 rows of width 8 (one compilation
+  # a mode and mesh; the padding rows are split over the devices too), decoded
+  # two at a time unless concurrent_batches says otherwise.
   examples = [(rng.integers(4, 24, size=n).astype(np.int32), np.array([3], np.int32))
               for n in rng.integers(2, 9, size=21)]
   return {mode: [ids.tolist() for ids in inference.decode_ids(
-      model, params, examples, config, mesh, mode=mode, beam_size=3, max_extra_len=6)]
+      model, params, examples, config, mesh, mode=mode, beam_size=3, max_extra_len=6,
+      tokens_per_batch=64, concurrent_batches=concurrent_batches)]
           for mode in ("greedy", "beam")}
 
 
@@ -93,15 +96,15 @@ def main():
 
   # Decoding with the single-device parameters placed over 8 devices.
   one = decode_all(model, single.params, config_for(False),
-                   sharding.make_mesh(jax.devices()[:1]))
+                   sharding.make_mesh(jax.devices()[:1]), concurrent_batches=1)
   for spec in ("data=8,model=1", "data=2,model=4"):
     config = config_for(True, spec)
     mesh = sharding.make_mesh(spec=spec)
     _, _, _, shardings, _ = state_lib.build(config, 24, mesh)
     params = jax.device_put(jax.device_get(single.params), shardings.params)
     assert decode_all(model, params, config, mesh) == one, spec
-  print("decoding with FSDP- and tensor-parallel-sharded parameters == single-device: "
-        "greedy, beam")
+  print("decoding with FSDP- and tensor-parallel-sharded parameters, two batches at a "
+        "time == single-device, one at a time: greedy, beam")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """Tests for transformer/evaluate.py: the scores against sacreBLEU and hand counts,
 and the command on a tiny trained SCAN workdir (shared with test_translate)."""
 
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import types
 
 import hypothesis
+import jax
 from hypothesis import strategies as st
 import numpy as np
 import pytest
@@ -212,6 +216,84 @@ def test_decode_ab_compares_compaction_with_the_same_outputs(workdir, tmp_path, 
   assert decode_ab.parse_variant("compact=2,x=a") == {"compact": 2, "x": "a"}
   with pytest.raises(ValueError, match="not name=value"):
     decode_ab.parse_variant("compact")
+
+
+def _split_and_model(workdir, limit=40):
+  restored = workdir_lib.restore(workdir)
+  examples = next(data_lib.iter_eval(restored.config.data, restored.tokenizer, "test", 10**6,
+                                     limit))[0]
+  return restored, examples
+
+
+def test_concurrent_batches_run_at_once_and_give_the_outputs_of_one_at_a_time(
+    workdir, monkeypatch):
+  """decode_ids with 3 batches at once: each batch's program is entered from its
+  own thread while another is in flight (a barrier that two must reach
+  together), and greedy and beam outputs equal those of one batch at a time."""
+  restored, examples = _split_and_model(workdir)
+  kw = dict(tokens_per_batch=64, beam_size=2, max_extra_len=10)
+  decode = lambda mode, n, timings=None: [ids.tolist() for ids in inference.decode_ids(
+      restored.model, restored.params, examples, restored.config, restored.mesh, mode=mode,
+      concurrent_batches=n, timings=timings, **kw)]
+  serial = {mode: decode(mode, 1) for mode in ("greedy", "beam")}
+  compiled = inference._compiled  # pylint: disable=protected-access
+  together, calls, threads = threading.Barrier(2, timeout=30), itertools.count(), set()
+
+  def meeting(*args):
+    fn = compiled(*args)
+
+    def run(*inputs):
+      threads.add(threading.get_ident())
+      if next(calls) < 2:  # The first two batches wait for each other: one at a time fails.
+        together.wait()
+      return fn(*inputs)
+    return run
+
+  monkeypatch.setattr(inference, "_compiled", meeting)
+  timings = {}
+  assert decode("greedy", 3, timings) == serial["greedy"]
+  assert timings["batches"] >= 4 and len(threads) >= 2
+  monkeypatch.setattr(inference, "_compiled", compiled)
+  assert decode("beam", 3) == serial["beam"]
+
+
+def test_a_failing_batch_stops_concurrent_decoding_with_its_error(workdir, monkeypatch):
+  restored, examples = _split_and_model(workdir)
+  compiled, calls = inference._compiled, []  # pylint: disable=protected-access
+
+  def fails_second(*args):
+    fn = compiled(*args)
+    calls.append(1)
+    if len(calls) == 2:
+      def fail(*_):
+        raise RuntimeError("batch 2 failed")
+      return fail
+    return fn
+
+  monkeypatch.setattr(inference, "_compiled", fails_second)
+  with pytest.raises(RuntimeError, match="batch 2 failed"):
+    inference.decode_ids(restored.model, restored.params, examples, restored.config,
+                         restored.mesh, tokens_per_batch=64, concurrent_batches=2)
+
+
+def test_batches_at_once_is_one_where_concurrent_programs_could_deadlock(monkeypatch):
+  """config.decode.concurrent_batches (2 where a saved config lacks it), a
+  request over it; but one batch at a time in a multi-process job and on a mesh
+  of several accelerators."""
+  config = tiny_experiment("unused")
+  mesh = lambda platform, n: types.SimpleNamespace(
+      size=n, devices=np.array([types.SimpleNamespace(platform=platform)] * n))
+  config.decode.concurrent_batches = 3
+  assert inference.batches_at_once(config, mesh("cpu", 1)) == 3
+  assert inference.batches_at_once(config, mesh("cpu", 8)) == 3
+  assert inference.batches_at_once(config, mesh("gpu", 1), requested=4) == 4
+  assert inference.batches_at_once(config, mesh("gpu", 2)) == 1
+  del config.decode["concurrent_batches"]
+  assert inference.batches_at_once(config, mesh("cpu", 1)) == inference.CONCURRENT_BATCHES == 2
+  with pytest.raises(ValueError, match="concurrent_batches must be >= 1"):
+    inference.batches_at_once(config, mesh("cpu", 1), requested=-1)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  assert inference.batches_at_once(config, mesh("cpu", 1)) == 1
 
 
 def test_perplexity_is_the_one_training_logged(workdir):

@@ -144,7 +144,7 @@ POSITIVE_INTS = ("data.vocab_size", "data.max_length", "data.tokens_per_batch",
                  "data.pack_length", "optim.warmup_steps", "train.num_steps",
                  "train.grad_accum_steps", "train.log_every", "train.eval_every",
                  "train.checkpoint_every", "train.keep_checkpoints", "decode.beam_size",
-                 "model.num_layers", "model.d_model", "model.d_ff", "model.num_heads",
+                 "decode.concurrent_batches", "model.num_layers", "model.d_model", "model.d_ff", "model.num_heads",
                  "model.max_len", "distributed.initialization_timeout_s",
                  "distributed.heartbeat_timeout_s", "distributed.shutdown_timeout_s")
 NON_NEGATIVE_INTS = ("seed", "data.pack_source_length", "data.prefetch",

@@ -216,8 +216,8 @@ def test_sharded_step_equals_single_device():
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert ("sharded == single-device over 4 steps: data=8,model=1 fsdp, "
           "data=2,model=4 fsdp") in out.stdout
-  assert ("decoding with FSDP- and tensor-parallel-sharded parameters == single-device: "
-          "greedy, beam") in out.stdout
+  assert ("decoding with FSDP- and tensor-parallel-sharded parameters, two batches at a "
+          "time == single-device, one at a time: greedy, beam") in out.stdout
 
 
 def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp_path, data_dir):

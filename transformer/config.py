@@ -209,6 +209,8 @@ def check_config(config) -> None:
   check(config.decode.alpha >= 0, "decode.alpha", "must be >= 0")
   check(config.decode.get("max_extra_len", 0) >= 0, "decode.max_extra_len", "must be >= 0")
   check(config.decode.get("compact", 0) >= 0, "decode.compact", "must be >= 0 (0 = off)")
+  check(config.decode.get("concurrent_batches", 1) >= 1, "decode.concurrent_batches",
+        "must be >= 1")
   check(config.data.get("prefetch", 0) >= 0, "data.prefetch", "must be >= 0 (0 = off)")
   for field in ("optim.adam_b1", "optim.adam_b2"):
     check(0.0 <= value(field) < 1.0, field, "must be in [0, 1)")

@@ -3,7 +3,7 @@ exact match for SCAN.
 
   python -m transformer.evaluate --workdir DIR [--split test] [--checkpoint latest|best|averaged|STEP]
       [--mode beam|greedy] [--beam_size 4] [--alpha 0.6] [--max_extra_len 50] [--limit N]
-      [--compact 2]
+      [--compact 2] [--concurrent_batches 2]
 
 Decoding settings default to config.decode (section 6.1: beam 4, alpha 0.6,
 input length + 50), the split to config.data.test_split. The split's perplexity
@@ -59,7 +59,7 @@ def result_name(split, checkpoint, mode, beam_size, alpha, limit=None):
 
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
         max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES,
-        compact=None):
+        compact=None, concurrent_batches=None):
   """Restores `workdir`, decodes and scores `split`, writes the JSON; returns (result, path)."""
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
@@ -95,7 +95,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       start, chunk_timings = time.perf_counter(), {}
       hypotheses = inference.decode_examples(
           restored.model, restored.params, examples, restored.tokenizer, config, restored.mesh,
-          mode=mode, **settings, tokens_per_batch=tokens_per_batch, timings=chunk_timings)
+          mode=mode, **settings, tokens_per_batch=tokens_per_batch,
+          concurrent_batches=concurrent_batches, timings=chunk_timings)
       scorer.add(hypotheses, [t for _, t in pairs])
       wall += time.perf_counter() - start
       timings.update(chunk_timings)
@@ -154,6 +155,9 @@ def define_decode_flags(modes, default_mode):
   flags.DEFINE_integer("compact", None, "Beam search: halvings of the batch as sentences "
                        "finish (same outputs; pays on large inputs, each compiles another "
                        "loop); default config.decode.compact.", lower_bound=0)
+  flags.DEFINE_integer("concurrent_batches", None, "Batches decoded at once, each from its "
+                       "own thread (same outputs); default config.decode.concurrent_batches "
+                       "(2 where the config lacks it).", lower_bound=1)
 
 
 def main(argv):
@@ -162,7 +166,8 @@ def main(argv):
   f = flags.FLAGS
   with workdir_lib.command("evaluate", f.workdir):
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
-                       f.max_extra_len, f.limit, f.tokens_per_batch, f.chunk_lines, f.compact)
+                       f.max_extra_len, f.limit, f.tokens_per_batch, f.chunk_lines, f.compact,
+                       f.concurrent_batches)
   if jax.process_index() == 0:
     print(json.dumps(result, indent=2, sort_keys=True))
     print(f"wrote {path}")

@@ -2,6 +2,7 @@
 the rows, one compiled program per batch shape, outputs back in input order.
 What in-training decoding, `evaluate` and `translate` share; no flags, no files."""
 
+from concurrent import futures
 import time
 
 import jax
@@ -17,6 +18,9 @@ from transformer.config import DECODE_MODES
 # and keeps the training loop's repeated evaluations from compiling again.
 _COMPILED = {}
 _MAX_COMPILED = 64
+# Batches decoded at once where config.decode lacks concurrent_batches (configs
+# saved before it existed): outputs do not depend on it.
+CONCURRENT_BATCHES = 2
 
 
 def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None,
@@ -39,6 +43,25 @@ def check_settings(mode, beam_size, alpha, max_extra_len, compact=0):
     raise ValueError(f"max_extra_len must be >= 0, got {max_extra_len}")
   if int(compact) < 0:
     raise ValueError(f"compact must be >= 0, got {compact}")
+
+
+def batches_at_once(config, mesh, requested=None) -> int:
+  """How many batches decode_ids runs at once, each from its own thread.
+
+  A decoding step is many small operations, and one program alone leaves part
+  of a CPU's cores idle; two programs at once fill them (Multi30k beam 4 on a
+  2-core CPU: 1.35x the sentences/s, benchmarks/README.md, 'Session 23').
+  `requested`, else config.decode.concurrent_batches, else CONCURRENT_BATCHES;
+  but one batch at a time in a multi-process job, where every process must
+  launch the same programs in the same order for their collectives to pair up,
+  and on a mesh of several accelerators, whose collectives (NCCL) can deadlock
+  when two programs interleave them. Outputs are the same either way.
+  """
+  n = requested or config.decode.get("concurrent_batches", CONCURRENT_BATCHES)
+  if int(n) < 1:
+    raise ValueError(f"concurrent_batches must be >= 1, got {n}")
+  several_accelerators = mesh.size > 1 and mesh.devices.flat[0].platform != "cpu"
+  return 1 if jax.process_count() > 1 or several_accelerators else int(n)
 
 
 def _compiled(model, params, inputs, rng, mesh, settings):
@@ -65,7 +88,8 @@ def _compiled(model, params, inputs, rng, mesh, settings):
 
 def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_size=4,
                alpha=0.6, max_extra_len=50, rng=None, temperature=1.0, top_k=0,
-               tokens_per_batch=None, compact=0, timings=None):
+               tokens_per_batch=None, compact=0, concurrent_batches=None,
+               timings=None):
   """Output ids for the sources of `examples` ((src, tgt) id arrays), in their order.
 
   Each is cut after its first EOS (kept), or has trailing PAD removed if it hit
@@ -74,6 +98,8 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   `timings` is a dict it receives compile_seconds, decode_seconds and batches.
   Batch size (source tokens): `tokens_per_batch`, else config.decode's, else
   config.data's. `compact`: see config.decode.compact (beam search only).
+  `concurrent_batches`: batches decoded at once (see batches_at_once); every
+  program is compiled before the first batch runs.
   """
   check_settings(mode, beam_size, alpha, max_extra_len, compact)
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
@@ -83,8 +109,8 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
                       or config.data.tokens_per_batch)
   out = [None] * len(examples)
-  compile_s = decode_s = 0.0
-  batches = 0
+  compile_s = 0.0
+  jobs = []
   # Bucketed by source length alone (a one-token dummy target): targets do not
   # enter decoding, and longer widths would cost time and compilations. Sorted
   # by length first, so a batch holds sentences of about the same length: it
@@ -95,20 +121,32 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   for positions, batch in data_lib.eval_batches(sources, tokens_per_batch,
                                                 batch_multiple=multiple,
                                                 max_length=config.data.max_length):
-    indices = [order[p] for p in positions.tolist()]
     # eval_batches pads the rows to few shapes: few compilations.
     placed = sharding.place_batch(sharding.host_rows({"inputs": batch["inputs"]}),
                                   mesh)["inputs"]
-    batch_rng = jax.random.fold_in(rng, batches)
+    batch_rng = jax.random.fold_in(rng, len(jobs))
     start = time.perf_counter()
     fn = _compiled(model, params, placed, batch_rng, mesh, settings)
-    compiled = time.perf_counter()
-    ids = np.asarray(jax.device_get(fn(params, placed, batch_rng)))
-    compile_s += compiled - start
-    decode_s += time.perf_counter() - compiled
-    batches += 1
-    for row, index in enumerate(indices):
-      out[index] = _cut(ids[row])
+    compile_s += time.perf_counter() - start
+    jobs.append(([order[p] for p in positions.tolist()], fn, placed, batch_rng))
+
+  def run(job):
+    indices, fn, placed, batch_rng = job
+    return indices, np.asarray(jax.device_get(fn(params, placed, batch_rng)))
+
+  workers = batches_at_once(config, mesh, concurrent_batches)
+  start = time.perf_counter()
+  # jax.jit's calls release the GIL: the threads' programs run side by side.
+  pool = futures.ThreadPoolExecutor(workers) if workers > 1 else None
+  try:
+    for indices, ids in (pool.map if pool else map)(run, jobs):
+      for row, index in enumerate(indices):
+        out[index] = _cut(ids[row])
+  finally:
+    if pool:
+      pool.shutdown(cancel_futures=True)  # On an error, the batches not yet started.
+  decode_s = time.perf_counter() - start
+  batches = len(jobs)
   if timings is not None:
     timings.update(compile_seconds=compile_s, decode_seconds=decode_s, batches=batches)
   return out

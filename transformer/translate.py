@@ -133,7 +133,7 @@ def token_labels(tokenizer, ids):
 def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="beam",
         beam_size=None, alpha=None, max_extra_len=None, plot_attention=None, layer=-1,
         head="all", seed=0, temperature=1.0, tokens_per_batch=None,
-        chunk_lines=evaluate.CHUNK_LINES, collect=True, compact=None):
+        chunk_lines=evaluate.CHUNK_LINES, collect=True, compact=None, concurrent_batches=None):
   """Restores `workdir`, translates the lines of `input_path` into `output_path`
   chunk by chunk (and draws the attention plot if asked); returns the
   translations, or with collect=False (bounded memory) their number."""
@@ -160,7 +160,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
       mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact),
-      temperature=temperature, tokens_per_batch=tokens_per_batch)
+      temperature=temperature, tokens_per_batch=tokens_per_batch,
+      concurrent_batches=concurrent_batches)
   lines = iter_lines(input_path)
   outputs, count, first = [], 0, None
   overlong = Overlong(source_limit(config))
@@ -213,7 +214,8 @@ def main(argv):
   with workdir_lib.command("translate", f.workdir):
     run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
         f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
-        f.tokens_per_batch, f.chunk_lines, collect=False, compact=f.compact)
+        f.tokens_per_batch, f.chunk_lines, collect=False, compact=f.compact,
+        concurrent_batches=f.concurrent_batches)
 
 
 if __name__ == "__main__":
