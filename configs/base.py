@@ -108,7 +108,7 @@ def get_config():
   # 13 s longer, so it pays on large inputs (evaluate/translate --compact 2). 0 = off.
   decode.compact = 0
   # Batches decoded at once, each from its own thread: one program leaves a CPU's
-  # cores partly idle (Multi30k test on 2 cores: beam 4 1.35x, greedy 1.25x the
+  # cores partly idle (Multi30k test on 2 cores: beam 4 1.37x, greedy 1.30x the
   # sentences/s of one at a time). The same outputs. One in multi-process jobs and
   # on meshes of several GPUs/TPUs (inference.batches_at_once).
   decode.concurrent_batches = 2

@@ -50,7 +50,7 @@ def batches_at_once(config, mesh, requested=None) -> int:
 
   A decoding step is many small operations, and one program alone leaves part
   of a CPU's cores idle; two programs at once fill them (Multi30k beam 4 on a
-  2-core CPU: 1.35x the sentences/s, benchmarks/README.md, 'Session 23').
+  2-core CPU: 1.37x the sentences/s, benchmarks/README.md, 'Session 23').
   `requested`, else config.decode.concurrent_batches, else CONCURRENT_BATCHES;
   but one batch at a time in a multi-process job, where every process must
   launch the same programs in the same order for their collectives to pair up,
