@@ -134,7 +134,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
     indices, fn, placed, batch_rng = job
     return indices, np.asarray(jax.device_get(fn(params, placed, batch_rng)))
 
-  workers = batches_at_once(config, mesh, concurrent_batches)
+  workers = min(batches_at_once(config, mesh, concurrent_batches), len(jobs))
   start = time.perf_counter()
   # jax.jit's calls release the GIL: the threads' programs run side by side.
   pool = futures.ThreadPoolExecutor(workers) if workers > 1 else None
