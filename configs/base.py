@@ -109,8 +109,9 @@ def get_config():
   decode.compact = 0
   # Batches decoded at once, each from its own thread: one program leaves a CPU's
   # cores partly idle (Multi30k test on 2 cores: beam 4 1.37x, greedy 1.30x the
-  # sentences/s of one at a time). The same outputs. One in multi-process jobs and
-  # on meshes of several GPUs/TPUs (inference.batches_at_once).
+  # sentences/s of one at a time). The same outputs; each batch in flight holds its
+  # own decoding cache. One in multi-process jobs and on meshes of several GPUs/TPUs
+  # (inference.batches_at_once).
   decode.concurrent_batches = 2
 
   # Multi-process jobs (README, Clusters): which processes make up the job comes from
