@@ -104,8 +104,9 @@ def get_config():
   decode.tokens_per_batch = 0
   # Beam search halves its batch up to this many times as sentences finish, so the
   # finished stop costing rows (the same outputs; search.beam_search). Each halving
-  # compiles another loop: Multi30k test decodes 1.18x faster with 2 but compiles
-  # 13 s longer, so it pays on large inputs (evaluate/translate --compact 2). 0 = off.
+  # compiles another loop: Multi30k test decodes 1.06x faster with 2 (1.18x one batch
+  # at a time) but compiles 14 s longer, so it pays on large inputs
+  # (evaluate/translate --compact 2). 0 = off.
   decode.compact = 0
   # Batches decoded at once, each from its own thread: one program leaves a CPU's
   # cores partly idle (Multi30k test on 2 cores: beam 4 1.37x, greedy 1.30x the
