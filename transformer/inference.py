@@ -102,6 +102,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   program is compiled before the first batch runs.
   """
   check_settings(mode, beam_size, alpha, max_extra_len, compact)
+  workers = batches_at_once(config, mesh, concurrent_batches)  # A bad value fails first.
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
               int(top_k), int(compact) if mode == "beam" else 0)
@@ -134,7 +135,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
     indices, fn, placed, batch_rng = job
     return indices, np.asarray(jax.device_get(fn(params, placed, batch_rng)))
 
-  workers = min(batches_at_once(config, mesh, concurrent_batches), len(jobs))
+  workers = min(workers, len(jobs))
   start = time.perf_counter()
   # jax.jit's calls release the GIL: the threads' programs run side by side.
   pool = futures.ThreadPoolExecutor(workers) if workers > 1 else None
