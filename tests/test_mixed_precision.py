@@ -133,6 +133,27 @@ def test_bfloat16_tokens_dot_is_not_upcast_to_float32_on_a_cpu(a, b):
       x, y, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32))
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU-backend form")
+@pytest.mark.parametrize("rows,fan_in,dtype,products", [
+    (64, 2048, jnp.bfloat16, 2), (2, 4096, jnp.bfloat16, 4), (40, 3072, jnp.bfloat16, 3),
+    (1, 2048, jnp.bfloat16, 1), (65, 2048, jnp.bfloat16, 1), (64, 1024, jnp.bfloat16, 1),
+    (64, 2560, jnp.bfloat16, 1), (64, 2048, jnp.float32, 1)])
+def test_few_rows_with_a_long_contraction_run_in_chunks_on_a_cpu(rows, fan_in, dtype, products):
+  """A 16-bit product of 2-64 rows contracts in chunks of 1024 (decoding's
+  feed-forward; XLA's CPU kernel runs it whole erratically slowly), summed in
+  float32: the value is the whole product's, float32 math on the same inputs
+  rounded once. One row, more rows, a short or uneven contraction and float32
+  stay one product."""
+  x, w, b = inputs((rows, 1, fan_in), (fan_in, 8), 1)
+  x, w = x.astype(dtype), w.astype(dtype)
+  fn = jax.jit(lambda x, w, b: dense(x, w, b, 1))
+  assert fn.lower(x, w, b).as_text().count("stablehlo.dot_general") == products
+  out = fn(x, w, b)
+  assert out.shape == (rows, 1, 8) and out.dtype == dtype
+  ref = x.astype(jnp.float32) @ w.astype(jnp.float32) + b[None, None]
+  np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-7, atol=1e-2)
+
+
 @pytest.mark.parametrize("features,axes,x_shape", [(6, 1, (3, 5, 8)), ((2, 4), 1, (3, 5, 8)),
                                                    (8, 2, (3, 5, 2, 4))])
 def test_dense_module_is_dense_general(features, axes, x_shape):

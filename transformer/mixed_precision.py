@@ -18,6 +18,9 @@ these reasons (benchmarks/README.md, 'Measurements behind the code'):
   tokens became slow `reduce-window` thunks on a CPU.
 - In half precision on a CPU the weight gradient is written so that XLA runs it
   as a bf16 x bf16 -> f32 product instead of upcasting both operands (`tokens_dot`).
+- In half precision on a CPU a product of few rows with a long contraction (the
+  feed-forward's second layer while decoding) runs in chunks of the contraction
+  (`_contract`).
 """
 import functools
 import math
@@ -73,10 +76,35 @@ def _last(n, ndim):
   return tuple(range(ndim - n, ndim))
 
 
+# XLA's CPU kernel for 16-bit products (YNNPACK) runs those of 2-64 rows with a
+# long contraction erratically slowly: [64, 2048] x [2048, 512] takes 1.7x the time
+# of the same product as two contractions of 1024 summed in float32, and no row
+# count from 2 to 64 measured slower in chunks; 1 row is 3x slower in chunks and
+# 128 rows 1.1x (benchmarks/README.md, 'Session 24').
+CONTRACTION_CHUNK = 1024
+MAX_CHUNKED_ROWS = 64
+
+
+def _contract(x: Array, w: Array, n: int) -> Array:
+  """x's last n axes contracted with w's first n, as float32."""
+  fan_in = math.prod(w.shape[:n])
+  rows = x.size // fan_in
+  chunks = fan_in // CONTRACTION_CHUNK
+  if (x.dtype == jnp.float32 or jax.default_backend() != "cpu" or chunks < 2
+      or fan_in % CONTRACTION_CHUNK or not 2 <= rows <= MAX_CHUNKED_ROWS):
+    return dot_f32(x, w, _last(n, x.ndim), _first(n))
+  x_RxCxI = x.reshape(rows, chunks, CONTRACTION_CHUNK)
+  w_CxIxO = w.reshape(chunks, CONTRACTION_CHUNK, -1)
+  out_RxO = dot_f32(x_RxCxI[:, 0], w_CxIxO[0], (1,), (0,))
+  for c in range(1, chunks):
+    out_RxO = out_RxO + dot_f32(x_RxCxI[:, c], w_CxIxO[c], (1,), (0,))
+  return out_RxO.reshape(x.shape[:x.ndim - n] + w.shape[n:])
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def dense(x: Array, w: Array, b: Optional[Array], n: int) -> Array:
   """x's last n axes contracted with w's first n, plus b (float32 accumulation), as x.dtype."""
-  out = dot_f32(x, w, _last(n, x.ndim), _first(n))
+  out = _contract(x, w, n)
   if b is not None:
     out = out + b.astype(jnp.float32).reshape((1,) * (out.ndim - b.ndim) + b.shape)
   return out.astype(x.dtype)
