@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from transformer import search
 
@@ -78,21 +79,41 @@ def check_well_formed(ids_L):
     assert np.all(ids_L[:e] != PAD) and np.all(ids_L[e + 1:] == PAD)
 
 
-@settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 3), length=st.integers(1, 300), k=st.integers(1, 8),
-       chunk=st.sampled_from([1, 3, 8, 16]), levels=st.integers(1, 6),
-       neg_inf=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1))
-def test_top_k_equals_lax_top_k_with_ties(rows, length, k, chunk, levels, neg_inf, seed):
-  """The chunked top-k returns lax.top_k's values and indices, ties (few distinct
-  values, -inf among them) going to the lower index, on any row length."""
-  k = min(k, length)
+@settings(max_examples=60, deadline=None)
+@given(items=st.integers(1, 3), beams=st.integers(1, 8), vocab=st.integers(1, 300),
+       k=st.integers(1, 16), chunk=st.sampled_from([None, 1, 2, 3, 8, 16]),
+       levels=st.integers(1, 6), neg_inf=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1))
+def test_top_log_probs_equals_lax_top_k_of_the_log_softmax(items, beams, vocab, k, chunk, levels,
+                                                           neg_inf, seed):
+  """Beam search's top-k of log_softmax(logits) + the beams' scores, without the
+  scores written out, is lax.top_k's: the same values and indices, ties (few
+  distinct logits and beam scores, -inf among both) going to the lower index,
+  for any vocabulary and chunk width, padded or not."""
+  k = min(k, beams * vocab)
   r = np.random.default_rng(seed)
-  x = r.integers(0, levels, (rows, length)).astype(np.float32)
-  x[r.random((rows, length)) < neg_inf] = -np.inf
-  want_values, want_indices = jax.lax.top_k(x, k)
-  values, indices = search.top_k(jnp.asarray(x), k, chunk=chunk)
+  x = r.integers(0, levels, (items, beams, vocab)).astype(np.float32)
+  x[r.random(x.shape) < neg_inf] = -np.inf
+  x[np.arange(items)[:, None], np.arange(beams), r.integers(0, vocab, (items, beams))] = 0.0
+  offset = -r.integers(0, 2, (items, beams)).astype(np.float32)
+  offset[r.random(offset.shape) < neg_inf / 2] = -np.inf
+  want_values, want_indices = jax.lax.top_k(
+      (jax.nn.log_softmax(jnp.asarray(x)) + offset[:, :, None]).reshape(items, -1), k)
+  values, indices = jax.jit(search.top_log_probs, static_argnums=(2, 3))(
+      jnp.asarray(x), jnp.asarray(offset), k, chunk)
   np.testing.assert_array_equal(values, want_values)
   np.testing.assert_array_equal(indices, want_indices)
+
+
+def test_top_log_probs_padding_never_wins_a_tie():
+  """With a chunk width that does not divide the vocabulary, a beam's last chunk
+  is padded; where fewer than k scores are above -inf, lax.top_k's ties at -inf
+  go to the next beam's tokens, never to the padding (which would repeat one)."""
+  x = jnp.zeros((1, 12, 3))
+  offset = jnp.full((1, 12), -jnp.inf).at[0, 11].set(0.0)
+  want = jax.lax.top_k((jax.nn.log_softmax(x) + offset[:, :, None]).reshape(1, -1), 9)
+  got = search.top_log_probs(x, offset, 9, chunk=2)
+  np.testing.assert_array_equal(got[1], want[1])
+  np.testing.assert_array_equal(got[0], want[0])
 
 
 @settings(max_examples=40, deadline=None)
@@ -110,10 +131,17 @@ def test_argmax_equals_jnp_argmax_with_ties(rows, length, levels, special, seed)
   np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x), axis=-1))
 
 
-def test_top_k_on_a_long_row_of_distinct_values():
-  x = jax.random.normal(jax.random.key(0), (4, 32000))
+@pytest.mark.parametrize("vocab", [32000, 37000, 8191])
+def test_top_log_probs_on_long_rows_of_distinct_values(vocab):
+  """Vocabularies whose chunks are 128, 125 and (8191 is prime) 128 padded."""
+  x = jax.random.normal(jax.random.key(0), (2, 4, vocab))
+  offset = jax.random.normal(jax.random.key(1), (2, 4))
+  logp = (jax.nn.log_softmax(x) + offset[:, :, None]).reshape(2, -1)
   for k in (1, 8):
-    np.testing.assert_array_equal(search.top_k(x, k)[1], jax.lax.top_k(x, k)[1])
+    values, indices = search.top_log_probs(x, offset, k)
+    want_values, want_indices = jax.lax.top_k(logp, k)
+    np.testing.assert_array_equal(indices, want_indices)
+    np.testing.assert_array_equal(values, want_values)
 
 
 def test_greedy_stops_and_pads():

@@ -155,34 +155,66 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
                       out_len=out_len, grow=grow)
 
 
-def top_k(x_BxM: Array, k: int, chunk: int = 128) -> Tuple[Array, Array]:
-  """jax.lax.top_k over the last axis (same values, same indices, ties to the lower
-  index), faster for rows much longer than k.
+def _chunk_width(V: int) -> int:
+  """The largest divisor of V from 64 to 128, so that no padded copy of the
+  logits is written out (XLA writes one for the padding); else 128."""
+  return next((w for w in range(128, 63, -1) if V % w == 0), 128)
 
-  The row is cut into chunks of `chunk`; only the k chunks with the largest maxima
-  can hold the top k (a chunk holding one of them has a maximum at least the k-th
-  largest value, and at most k chunks do, ties going to the lower chunk as they go
-  to the lower index), so top_k runs over those k * chunk values instead of M.
-  XLA's CPU TopK is a serial scan of the row, ~1.7 ns a value, and beam search
-  asks it for 2K of K*V log-probabilities every step (benchmarks/README.md,
-  'Measurements behind the code').
+
+def top_log_probs(logits_BxKxV: Array, offset_BxK: Array, k: int,
+                  chunk: Optional[int] = None) -> Tuple[Array, Array]:
+  """jax.lax.top_k over the [B, K*V] scores log_softmax(logits) + offset (beam
+  search's candidates: each item's K beams' log-probabilities of every next
+  token, plus the beams' own), with its values and indices (ties to the lower
+  index), without the [B, K, V] scores written out.
+
+  The logits are read twice: for the maxima of chunks of `chunk` values (by
+  default a divisor of V), and for the sums of exponentials. Along a beam's row
+  the score ((x - max) - logsumexp) + offset is a non-decreasing function of the
+  logit x, also as rounded in float32, so a chunk's largest logit has its
+  largest score. Only the k chunks with the largest maxima can hold the top k
+  (each chunk holding one of them has a maximum at least the k-th largest score,
+  and at most k chunks do, ties going to the lower chunk as they go to the lower
+  index), so only those k * chunk scores are computed, in jax.nn.log_softmax's
+  arithmetic. XLA's CPU TopK is a serial scan of its row, ~1.7 ns a value
+  (benchmarks/README.md, 'Measurements behind the code').
   """
-  B, M = x_BxM.shape
-  C = -(-M // chunk)
-  if C <= 2 * k:
-    return jax.lax.top_k(x_BxM, k)
-  # -inf padding sits at the highest indices, so it never wins a tie.
-  x_BxCxW = jnp.pad(x_BxM, ((0, 0), (0, C * chunk - M)),
-                    constant_values=-jnp.inf).reshape(B, C, chunk)
-  _, chunks_Bxk = jax.lax.top_k(jnp.max(x_BxCxW, axis=2), k)
-  chunks_Bxk = jnp.sort(chunks_Bxk, axis=1)  # Index order, for the order of ties.
-  # The chosen chunks' values are read from x itself, so that the padded copy is
-  # only reduced, never written out.
-  idx_BxkW = (chunks_Bxk[:, :, None] * chunk + jnp.arange(chunk)[None, None, :]
-              ).reshape(B, k * chunk)
-  values_BxkW = jnp.where(idx_BxkW < M, _take(x_BxM, jnp.minimum(idx_BxkW, M - 1)), -jnp.inf)
-  values_Bxk, pos_Bxk = jax.lax.top_k(values_BxkW, k)
-  return values_Bxk, _take(idx_BxkW, pos_Bxk)
+  B, K, V = logits_BxKxV.shape
+  x_BxKxV = logits_BxKxV.astype(jnp.float32)
+  W = chunk or _chunk_width(V)
+  C = -(-V // W)
+
+  def score(x, max_, lse, offset):
+    return ((x - max_) - lse) + offset
+
+  def all_scores():
+    logp_BxKxV = jax.nn.log_softmax(x_BxKxV) + offset_BxK[:, :, None]
+    return tuple(jax.lax.top_k(logp_BxKxV.reshape(B, K * V), k))
+
+  if K * C <= 2 * k:
+    return all_scores()
+  chunk_max_BxKxC = jnp.max(jnp.pad(x_BxKxV, ((0, 0), (0, 0), (0, C * W - V)),
+                                    constant_values=-jnp.inf).reshape(B, K, C, W), axis=3)
+  max_BxK = jnp.max(chunk_max_BxKxC, axis=2)
+  lse_BxK = jnp.log(jnp.sum(jnp.exp(x_BxKxV - max_BxK[:, :, None]), axis=2))
+  chunk_score_BxKC = score(chunk_max_BxKxC, max_BxK[:, :, None], lse_BxK[:, :, None],
+                           offset_BxK[:, :, None]).reshape(B, K * C)
+  # In index order, for the order of ties.
+  chunks_Bxk = jnp.sort(jax.lax.top_k(chunk_score_BxKC, k)[1], axis=1)
+  beam_Bxk = chunks_Bxk // C
+  v_BxkxW = (chunks_Bxk % C)[:, :, None] * W + jnp.arange(W)[None, None, :]
+  idx_BxkW = (beam_Bxk[:, :, None] * V + v_BxkxW).reshape(B, k * W)
+  x_BxkxW = _take(x_BxKxV.reshape(B, K * V), jnp.minimum(idx_BxkW, K * V - 1)).reshape(B, k, W)
+  row = lambda stat_BxK: _take(stat_BxK, beam_Bxk)[:, :, None]
+  scores_BxkxW = jnp.where(v_BxkxW < V, score(x_BxkxW, row(max_BxK), row(lse_BxK), row(offset_BxK)),
+                           -jnp.inf)
+  values_Bxk, pos_Bxk = jax.lax.top_k(scores_BxkxW.reshape(B, k * W), k)
+  top = values_Bxk, _take(idx_BxkW, pos_Bxk)
+  if C * W == V:
+    return top
+  # A padding slot sits before the next beam's chunks, so where fewer than k
+  # scores are above -inf it could win a tie at -inf: then all scores decide.
+  return jax.lax.cond(jnp.any(values_Bxk[:, -1] == -jnp.inf), all_scores, lambda: top)
 
 
 def length_penalty(length, alpha) -> Array:
@@ -354,10 +386,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     # XLA's CPU backend from fusing the log-softmax's reductions into the logits
     # product, where they ran ~4x slower than apart (benchmarks/README.md).
     logits_NxV = jnp.where(jnp.isnan(logits_NxV), NEG_INF, logits_NxV)
-    logp_BxKxV = (jax.nn.log_softmax(logits_NxV.astype(jnp.float32)).reshape(B, K, V)
-                  + s.live_logp[:, :, None])
     # 2K candidates guarantee K that do not end in EOS.
-    cand_logp_Bx2K, cand_idx_Bx2K = top_k(logp_BxKxV.reshape(B, K * V), 2 * K)
+    cand_logp_Bx2K, cand_idx_Bx2K = top_log_probs(logits_NxV.reshape(B, K, V), s.live_logp, 2 * K)
     cand_parent_Bx2K = cand_idx_Bx2K // V
     cand_tok_Bx2K = (cand_idx_Bx2K % V).astype(jnp.int32)
     cand_seqs_Bx2KxL = _take(s.live_seqs, cand_parent_Bx2K).at[:, :, t].set(cand_tok_Bx2K)
