@@ -137,13 +137,13 @@ def test_bfloat16_tokens_dot_is_not_upcast_to_float32_on_a_cpu(a, b):
 @pytest.mark.parametrize("rows,fan_in,dtype,products", [
     (64, 2048, jnp.bfloat16, 2), (2, 4096, jnp.bfloat16, 4), (40, 3072, jnp.bfloat16, 3),
     (1, 2048, jnp.bfloat16, 1), (65, 2048, jnp.bfloat16, 1), (64, 1024, jnp.bfloat16, 1),
-    (64, 2560, jnp.bfloat16, 1), (64, 2048, jnp.float32, 1)])
+    (64, 2560, jnp.bfloat16, 1), (64, 2048, jnp.float32, 1), (64, 2048, jnp.float16, 1)])
 def test_few_rows_with_a_long_contraction_run_in_chunks_on_a_cpu(rows, fan_in, dtype, products):
-  """A 16-bit product of 2-64 rows contracts in chunks of 1024 (decoding's
+  """A bfloat16 product of 2-64 rows contracts in chunks of 1024 (decoding's
   feed-forward; XLA's CPU kernel runs it whole erratically slowly), summed in
   float32: the value is the whole product's, float32 math on the same inputs
-  rounded once. One row, more rows, a short or uneven contraction and float32
-  stay one product."""
+  rounded once. One row, more rows, a short or uneven contraction, float32 and
+  float16 stay one product."""
   x, w, b = inputs((rows, 1, fan_in), (fan_in, 8), 1)
   x, w = x.astype(dtype), w.astype(dtype)
   fn = jax.jit(lambda x, w, b: dense(x, w, b, 1))

@@ -18,7 +18,7 @@ these reasons (benchmarks/README.md, 'Measurements behind the code'):
   tokens became slow `reduce-window` thunks on a CPU.
 - In half precision on a CPU the weight gradient is written so that XLA runs it
   as a bf16 x bf16 -> f32 product instead of upcasting both operands (`tokens_dot`).
-- In half precision on a CPU a product of few rows with a long contraction (the
+- In bfloat16 on a CPU a product of few rows with a long contraction (the
   feed-forward's second layer while decoding) runs in chunks of the contraction
   (`_contract`).
 """
@@ -76,10 +76,10 @@ def _last(n, ndim):
   return tuple(range(ndim - n, ndim))
 
 
-# XLA's CPU kernel for 16-bit products (YNNPACK) runs those of 2-64 rows with a
+# XLA's CPU kernel for bfloat16 products (YNNPACK) runs those of 2-64 rows with a
 # long contraction erratically slowly: [64, 2048] x [2048, 512] takes 1.7x the time
 # of the same product as two contractions of 1024 summed in float32, and no row
-# count from 2 to 64 measured slower in chunks; 1 row is 3x slower in chunks and
+# count from 2 to 64 measured slower in chunks; 1 row is 3-4x slower in chunks and
 # 128 rows 1.1x (benchmarks/README.md, 'Session 24').
 CONTRACTION_CHUNK = 1024
 MAX_CHUNKED_ROWS = 64
@@ -90,7 +90,7 @@ def _contract(x: Array, w: Array, n: int) -> Array:
   fan_in = math.prod(w.shape[:n])
   rows = x.size // fan_in
   chunks = fan_in // CONTRACTION_CHUNK
-  if (x.dtype == jnp.float32 or jax.default_backend() != "cpu" or chunks < 2
+  if (x.dtype != jnp.bfloat16 or jax.default_backend() != "cpu" or chunks < 2
       or fan_in % CONTRACTION_CHUNK or not 2 <= rows <= MAX_CHUNKED_ROWS):
     return dot_f32(x, w, _last(n, x.ndim), _first(n))
   x_RxCxI = x.reshape(rows, chunks, CONTRACTION_CHUNK)
