@@ -154,6 +154,15 @@ def test_few_rows_with_a_long_contraction_run_in_chunks_on_a_cpu(rows, fan_in, d
   np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-7, atol=1e-2)
 
 
+def test_other_backends_contract_whole(monkeypatch):
+  """The chunks are a CPU kernel's remedy: a GPU or TPU keeps one product."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  x, w, b = inputs((64, 1, 2048), (2048, 8), 1)
+  fn = jax.jit(lambda x, w, b: dense(x, w, b, 1))
+  text = fn.lower(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), b).as_text()
+  assert text.count("stablehlo.dot_general") == 1
+
+
 @pytest.mark.parametrize("features,axes,x_shape", [(6, 1, (3, 5, 8)), ((2, 4), 1, (3, 5, 8)),
                                                    (8, 2, (3, 5, 2, 4))])
 def test_dense_module_is_dense_general(features, axes, x_shape):
