@@ -241,8 +241,9 @@ def probed_peak(measure, n, dtype, budget_s=30.0, repeats=5):
   instructions a framework may emulate them, and they then run for minutes (PyTorch
   on an AVX2-only CPU: 1.3 GFLOP/s at 256^3, slower at 2048^3). n/8, not a fixed
   size: a GPU runs a 256^3 product in its launch time, which, scaled up to 8192^3,
-  overstates the peak's time past the budget. A probe that says skip is taken again, best of 3, first:
-  one stalled product of a few milliseconds must not drop a framework from the run."""
+  overstates the peak's time past the budget. A probe that says skip is taken
+  again, best of 3, first: one stalled product of a few milliseconds must not drop
+  a framework from the run."""
   seconds_at = lambda flops_per_s: (1 + repeats) * 2 * n**3 / flops_per_s
   m = max(n // 8, 16)
   probe = measure(m, repeats=1, dtype=dtype)

@@ -6,8 +6,8 @@
 
 Every variant is the library's own train step (training.compile_steps) on the
 same pipeline batch (the baseline's dtype, batch size and batching set by
---dtype, --tokens_per_batch and --pack), timed as the median of --steps steps after warm-up; its
-ratio is variant / baseline step time. Variants change one thing, traced in
+--dtype, --tokens_per_batch and --pack), timed as the median of --steps steps
+after warm-up; its ratio is variant / baseline step time. Variants change one thing, traced in
 from here (no library file is edited):
   dropout=0          no dropout at all: an upper bound on what dropout costs
   rbg                jax_default_prng_impl=unsafe_rbg (XLA RngBitGenerator) for
