@@ -148,18 +148,23 @@ def test_cudnn_attention_runs_and_equals_the_reference_with_gradients(kind):
     assert relative(g, want_g) < 2e-2, f"{kind}: d{name}"
 
 
+def _cudnn_refusing(message, masks=None):
+  """A stand-in for jax.nn.dot_product_attention whose cuDNN path raises `message`;
+  `masks` records the mask each implementation was given."""
+  def attend(q, k, v, *, scale, mask, implementation):
+    if masks is not None:
+      masks[implementation] = mask
+    if implementation == "cudnn":
+      raise RuntimeError(message)
+    return q
+  return attend
+
+
 def test_fused_attention_gives_cudnn_its_mask_and_xla_the_model_s(monkeypatch):
   """Wherever it runs, a cuDNN request passes cudnn_mask (one row per query, no
   keyless row) and a fallback to XLA's the mask as the model built it."""
   masks = {}
-
-  def attend(q, k, v, *, scale, mask, implementation):
-    masks[implementation] = mask
-    if implementation == "cudnn":
-      raise RuntimeError("no cuDNN here")
-    return q
-
-  monkeypatch.setattr(jax.nn, "dot_product_attention", attend)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", _cudnn_refusing("no cuDNN here", masks))
   q = jnp.zeros((1, 3, 2, 8), jnp.bfloat16)
   mask = attention.combine_masks(attention.padding_mask(jnp.array([[5, 0, 0]])),
                                  attention.segment_mask(jnp.array([[1, 0, 0]]),
@@ -173,12 +178,8 @@ def test_a_cudnn_refusal_is_logged_once_per_query_shape_and_reason(monkeypatch):
   warnings = []
   monkeypatch.setattr(attention.logging, "warning", lambda *a: warnings.append(a))
   monkeypatch.setattr(attention, "_LOGGED_REFUSALS", set())
-  def attend(q, k, v, *, scale, mask, implementation):
-    if implementation == "cudnn":
-      raise RuntimeError("no cuDNN here\nmore lines")
-    return q
-
-  monkeypatch.setattr(jax.nn, "dot_product_attention", attend)
+  monkeypatch.setattr(jax.nn, "dot_product_attention",
+                      _cudnn_refusing("no cuDNN here\nmore lines"))
   small, large = jnp.zeros((1, 3, 2, 8), jnp.bfloat16), jnp.zeros((1, 5, 2, 8), jnp.bfloat16)
   for q in (small, small, large, small):  # Every layer of every trace asks again.
     attention.fused_attention(q, q, q, None, implementation="cudnn")
