@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks, in the order they matter, each under its own time limit, so
 # that a short lease still returns the first ones (benchmarks/README.md,
-# 'Session 22'): the cuDNN attention tests, cuDNN against the written-out
-# attention in the base bfloat16 step, the benchmark against PyTorch and Marian
-# on the same GPU, then the model and decoding tests (never yet run on a GPU).
+# 'Session 22' and 'Session 25'): the model, decoding, search, mixed-precision
+# and cuDNN attention tests on the GPU, then the benchmark against PyTorch and
+# Marian on the same GPU at base and small, then decoding a larger batch.
 # Logs and JSON go to $OUT (default /tmp/gpu_check).
 #   bash benchmarks/gpu_check.sh
 set -u
@@ -14,25 +14,31 @@ export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 PYTHON=${PYTHON:-python3}
 T0=$(date +%s)
 stage() { echo "=== [$(( $(date +%s) - T0 )) s] $*"; }
+quiet() { grep -v "^WARNING" "$1" | tail -"$2"; }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-stage "cuDNN attention tests"
-timeout 90 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:xdist tests/test_attention.py \
-    -k "cudnn or fused or chosen or scaled_dot_without" 2>&1 | tee "$OUT/test_attention.log" | tail -5
-stage "cuDNN against the reference attention, base bfloat16, packed 25k-token batches"
-timeout 150 "$PYTHON" -m benchmarks.profile --size base --dtype bfloat16 --tokens_per_batch 25000 \
-    --pack --variants reference_attn --interleave --steps 10 --json "$OUT/attention_ab.json" 2>&1 \
-    | tee "$OUT/attention_ab.log" | grep -v "^WARNING" | tail -4
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  "$PYTHON" -c "import jax, flax, optax; print('jax', jax.__version__, jax.devices(), 'flax', flax.__version__)"
+  lscpu | grep -m1 "Model name"; } 2>&1 | tee "$OUT/env.txt"
+
+# Four test processes share the GPU, so none may take most of its memory up front.
+# Float32 products run at full precision (not TF32), as the CPU's do.
+stage "tests on the GPU: model, decoding, search, mixed precision, cuDNN attention"
+XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
+  timeout 170 "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE --tb=short \
+  --junitxml "$OUT/tests.xml" tests/test_model.py tests/test_decode.py tests/test_search.py \
+  tests/test_mixed_precision.py "tests/test_attention.py" > "$OUT/tests.log" 2>&1
+tail -25 "$OUT/tests.log"
+
 stage "benchmark, base"
-timeout 200 "$PYTHON" -m benchmarks.run --sizes base --dtype bfloat16 --tokens_per_batch 25000 \
+timeout 190 "$PYTHON" -m benchmarks.run --sizes base --dtype bfloat16 --tokens_per_batch 25000 \
     --pack --malloc skip --json "$OUT/bench_base.json" > "$OUT/bench_base.log" 2>&1
-grep -v "^WARNING" "$OUT/bench_base.log" | tail -40
+quiet "$OUT/bench_base.log" 40
 stage "benchmark, small"
-timeout 150 "$PYTHON" -m benchmarks.run --sizes small --dtype bfloat16 --pack --malloc skip \
+timeout 130 "$PYTHON" -m benchmarks.run --sizes small --dtype bfloat16 --pack --malloc skip \
     --json "$OUT/bench_small.json" > "$OUT/bench_small.log" 2>&1
-grep -v "^WARNING" "$OUT/bench_small.log" | tail -40
-stage "model, decoding and mixed-precision tests on the GPU (float32 products at full precision, not TF32)"
-JAX_DEFAULT_MATMUL_PRECISION=highest timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider \
-    -p no:xdist tests/test_model.py tests/test_decode.py tests/test_mixed_precision.py 2>&1 \
-    | tee "$OUT/test_model_decode.log" | tail -8
+quiet "$OUT/bench_small.log" 40
+stage "decoding 128 sentences a batch, base, against Marian"
+timeout 80 "$PYTHON" -m benchmarks.run --sizes base --dtype bfloat16 --decode_only \
+    --decode_sentences 128 --no_torch --malloc skip > "$OUT/decode128.log" 2>&1
+quiet "$OUT/decode128.log" 20
 stage done

@@ -204,9 +204,10 @@ def test_cached_decoding_equals_full_forward(norm_position, dtype, score, d_k):
     cache = state["cache"]
     # Same arithmetic in another order (one query row at a time): round-off of
     # float32 (~1e-6 here), or of bfloat16 where a sum can round to the next of its
-    # 2^-8-spaced values (logits here are O(1)); a wrong position, mask or cache
-    # entry moves logits by O(1).
-    atol = 1e-5 if dtype == "float32" else 2e-2
+    # 2^-8-spaced values (logits here are O(1); a GPU, whose kernels differ between
+    # the two programs, gave 0.021); a wrong position, mask or cache entry moves
+    # logits by O(1).
+    atol = 1e-5 if dtype == "float32" else 3e-2
     np.testing.assert_allclose(step_logits[:, 0], full[:, t], atol=atol)
   # The encoder's keys and values are cached in the compute dtype; the decoder's
   # own in attention.self_cache_dtype's (float32 on a CPU).

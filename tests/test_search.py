@@ -100,8 +100,14 @@ def test_top_log_probs_equals_lax_top_k_of_the_log_softmax(items, beams, vocab, 
       (jax.nn.log_softmax(jnp.asarray(x)) + offset[:, :, None]).reshape(items, -1), k)
   values, indices = jax.jit(search.top_log_probs, static_argnums=(2, 3))(
       jnp.asarray(x), jnp.asarray(offset), k, chunk)
-  np.testing.assert_array_equal(values, want_values)
-  np.testing.assert_array_equal(indices, want_indices)
+  if jax.default_backend() == "cpu":
+    np.testing.assert_array_equal(values, want_values)
+    np.testing.assert_array_equal(indices, want_indices)
+  else:  # A GPU's exp and sums round by the fusion they land in: ~1 ulp apart.
+    scores = (jax.nn.log_softmax(jnp.asarray(x)) + offset[:, :, None]).reshape(items, -1)
+    np.testing.assert_allclose(values, want_values, rtol=1e-6)
+    np.testing.assert_allclose(np.take_along_axis(scores, indices, 1), want_values, rtol=1e-6)
+    assert all(len(set(row)) == k for row in np.asarray(indices))
 
 
 def test_top_log_probs_padding_never_wins_a_tie():
@@ -120,15 +126,16 @@ def test_top_log_probs_padding_never_wins_a_tie():
 @given(rows=st.integers(1, 3), length=st.integers(1, 300), levels=st.integers(1, 6),
        special=st.floats(0.0, 0.3), seed=st.integers(0, 2**31 - 1))
 def test_argmax_equals_jnp_argmax_with_ties(rows, length, levels, special, seed):
-  """search.argmax is jnp.argmax: the first of tied maxima, -inf and +inf taken as
-  values, the first NaN where a row has one."""
+  """search.argmax is numpy's argmax: the first of tied maxima, -inf and +inf taken
+  as values, the first NaN where a row has one (jnp.argmax on a GPU can give a
+  later NaN)."""
   r = np.random.default_rng(seed)
   x = r.integers(0, levels, (rows, length)).astype(np.float32)
   for value in (-np.inf, np.inf, np.nan):
     x[r.random((rows, length)) < special / 3] = value
   got = search.argmax(jnp.asarray(x))
   assert got.dtype == jnp.int32
-  np.testing.assert_array_equal(got, jnp.argmax(jnp.asarray(x), axis=-1))
+  np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
 
 
 @pytest.mark.parametrize("vocab", [32000, 37000, 8191])
