@@ -210,7 +210,9 @@ def test_host_rows_give_each_row_to_one_host(monkeypatch):
 
 
 def test_sharded_step_equals_single_device():
-  env = process_helpers.command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  # Eight CPU devices, also on a machine with a GPU (which would be the one device).
+  env = process_helpers.command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8",
+                                    JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "sharded_step_check.py")],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
