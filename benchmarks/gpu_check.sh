@@ -3,7 +3,9 @@
 # that a short lease still returns the first ones (benchmarks/README.md,
 # 'Session 22' and 'Session 25'): the model, decoding, search, mixed-precision
 # and cuDNN attention tests on the GPU, then the benchmark against PyTorch and
-# Marian on the same GPU at base and small, then decoding a larger batch.
+# Marian on the same GPU at base and small, decoding a larger batch, and last the
+# loss, dropout, RNN, optimizer and checkpoint tests (those that need TFDS fail
+# on an image without it). About 9 minutes in all on one H200.
 # Logs and JSON go to $OUT (default /tmp/gpu_check).
 #   bash benchmarks/gpu_check.sh
 set -u
@@ -24,7 +26,7 @@ quiet() { grep -v "^WARNING" "$1" | tail -"$2"; }
 # Float32 products run at full precision (not TF32), as the CPU's do.
 stage "tests on the GPU: model, decoding, search, mixed precision, cuDNN attention"
 XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
-  timeout 170 "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE --tb=short \
+  timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE --tb=short \
   --junitxml "$OUT/tests.xml" tests/test_model.py tests/test_decode.py tests/test_search.py \
   tests/test_mixed_precision.py "tests/test_attention.py" > "$OUT/tests.log" 2>&1
 tail -25 "$OUT/tests.log"
@@ -41,4 +43,10 @@ stage "decoding 128 sentences a batch, base, against Marian"
 timeout 80 "$PYTHON" -m benchmarks.run --sizes base --dtype bfloat16 --decode_only \
     --decode_sentences 128 --no_torch --malloc skip > "$OUT/decode128.log" 2>&1
 quiet "$OUT/decode128.log" 20
+stage "tests on the GPU: losses, dropout, RNN baselines, attention pooling, optimizer, checkpoints"
+XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
+  timeout 100 "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE --tb=line \
+  tests/test_losses.py tests/test_dropout.py tests/test_rnn.py tests/test_attention_pooling.py \
+  tests/test_optim.py tests/test_checkpoints.py > "$OUT/tests_more.log" 2>&1
+tail -8 "$OUT/tests_more.log"
 stage done

@@ -179,8 +179,8 @@ def test_bfloat16_self_attention_cache_dtype_changes_nothing(monkeypatch):
   search and sampling (attention.self_cache_dtype), and beam search converts it
   back (TransformerDecoding.beams); other backends keep bfloat16. The cached
   values are bfloat16's either way and the attention rounds its probabilities
-  to bfloat16, so the step logits agree to the last bit with either cache dtype,
-  and so do the decodes."""
+  to bfloat16, so on a CPU the step logits agree to the last bit with either
+  cache dtype, and so do the decodes."""
   assert attention.self_cache_dtype(jnp.bfloat16, 'cpu') == jnp.float32
   assert attention.self_cache_dtype(jnp.bfloat16, 'gpu') == jnp.bfloat16
   assert attention.self_cache_dtype(jnp.float32, 'tpu') == jnp.float32
@@ -221,9 +221,10 @@ def test_bfloat16_self_attention_cache_dtype_changes_nothing(monkeypatch):
   assert gpu[1:3] == ({jnp.dtype(jnp.bfloat16)}, {jnp.dtype(jnp.bfloat16)})
   assert cpu[0].dtype == np.float32
   if jax.default_backend() != "cpu":
-    # A GPU may run the two caches' attention through different kernels (cuDNN
-    # takes bfloat16 keys only) and keep bfloat16 intermediates in float32: the
-    # logits agree to bfloat16 round-off, and a random model's near-ties can flip.
+    # On a GPU the two caches' products are different kernels (float32 and
+    # bfloat16 GEMMs, summing in other orders), and XLA may drop the bfloat16
+    # rounding before a float32 cache (excess precision): the logits agree to
+    # bfloat16 round-off, and a random model's near-ties can flip its decodes.
     np.testing.assert_allclose(cpu[0], gpu[0], atol=3e-2)
     return
   np.testing.assert_array_equal(cpu[0], gpu[0])
