@@ -17,18 +17,23 @@ PYTHON=${PYTHON:-python3}
 T0=$(date +%s)
 stage() { echo "=== [$(( $(date +%s) - T0 )) s] $*"; }
 quiet() { grep -v "^WARNING" "$1" | tail -"$2"; }
+# gpu_tests LIMIT_S LOG PYTEST_ARGS...: four test processes share the GPU, so none
+# may take most of its memory up front; float32 products run at full precision
+# (not TF32), as the CPU's do.
+gpu_tests() {
+  local limit=$1 log=$2; shift 2
+  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
+    timeout "$limit" "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE \
+    "$@" > "$log" 2>&1
+}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   "$PYTHON" -c "import jax, flax, optax; print('jax', jax.__version__, jax.devices(), 'flax', flax.__version__)"
   lscpu | grep -m1 "Model name"; } 2>&1 | tee "$OUT/env.txt"
 
-# Four test processes share the GPU, so none may take most of its memory up front.
-# Float32 products run at full precision (not TF32), as the CPU's do.
 stage "tests on the GPU: model, decoding, search, mixed precision, cuDNN attention"
-XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
-  timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE --tb=short \
-  --junitxml "$OUT/tests.xml" tests/test_model.py tests/test_decode.py tests/test_search.py \
-  tests/test_mixed_precision.py "tests/test_attention.py" > "$OUT/tests.log" 2>&1
+gpu_tests 200 "$OUT/tests.log" --tb=short --junitxml "$OUT/tests.xml" tests/test_model.py \
+  tests/test_decode.py tests/test_search.py tests/test_mixed_precision.py tests/test_attention.py
 tail -25 "$OUT/tests.log"
 
 stage "benchmark, base"
@@ -44,9 +49,7 @@ timeout 80 "$PYTHON" -m benchmarks.run --sizes base --dtype bfloat16 --decode_on
     --decode_sentences 128 --no_torch --malloc skip > "$OUT/decode128.log" 2>&1
 quiet "$OUT/decode128.log" 20
 stage "tests on the GPU: losses, dropout, RNN baselines, attention pooling, optimizer, checkpoints"
-XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest \
-  timeout 100 "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE --tb=line \
-  tests/test_losses.py tests/test_dropout.py tests/test_rnn.py tests/test_attention_pooling.py \
-  tests/test_optim.py tests/test_checkpoints.py > "$OUT/tests_more.log" 2>&1
+gpu_tests 100 "$OUT/tests_more.log" --tb=line tests/test_losses.py tests/test_dropout.py \
+  tests/test_rnn.py tests/test_attention_pooling.py tests/test_optim.py tests/test_checkpoints.py
 tail -8 "$OUT/tests_more.log"
 stage done
