@@ -61,6 +61,23 @@ def test_detokenize_encode_is_identity_on_any_characters(vocab_type):
   assert tok.decode(tok.encode(' two  dogs ')) == 'two dogs'
 
 
+@pytest.mark.parametrize('vocab_type', ['bpe', 'unigram'])
+def test_decode_gives_one_line_when_byte_pieces_spell_line_breaks(vocab_type):
+  """Byte fallback can spell a line break; translate and evaluate write one line
+  per input line, so decode gives each break as a space."""
+  tok = tok_lib.train(TEXTS, vocab_type, 300)
+  sp = spm.SentencePieceProcessor(model_proto=tok.model_proto)
+  dog = tok.encode('dog')
+  for breaks in ('\n', '\r\n', '\r', '\u2028', '\x85'):
+    ids = dog + tok.encode(breaks) + dog
+    assert tok_lib.UNK_ID not in ids
+    assert len(sp.decode(ids).splitlines()) == 2, breaks  # What SentencePiece gives.
+    assert tok.decode(ids).splitlines() == [tok.decode(ids)], breaks
+    assert tok.decode(ids).split() == ['dog', 'dog'], breaks
+  newline = sp.piece_to_id('<0x0A>')
+  assert tok.decode(dog + [newline, newline]) == 'dog '
+
+
 def test_default_sentencepiece_normalization_would_fail_fidelity():
   """The check above can fail: SentencePiece's defaults rewrite these texts."""
   import io  # pylint: disable=g-import-not-at-top

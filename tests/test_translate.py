@@ -68,6 +68,9 @@ def test_iter_lines_keeps_count_and_survives_bad_bytes(tmp_path):
   path = tmp_path / "in.txt"
   path.write_bytes(b"walk\r\n\nlook \xff left\nx\xe2\x80\xa8y\n")
   assert list(translate.iter_lines(str(path))) == ["walk", "", "look \ufffd left", "x\u2028y"]
+  # A byte-order mark opening the file is dropped, as the training reader drops it.
+  path.write_bytes("\ufeffwalk\n\ufeffwalk\n".encode())
+  assert list(translate.iter_lines(str(path))) == ["walk", "\ufeffwalk"]
 
 
 def test_run_samples_into_a_file_and_plots_attention(workdir, tmp_path):
@@ -102,6 +105,8 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path):
     translate.run(workdir, "-", str(out), checkpoint="newest")
   with pytest.raises(FileNotFoundError, match="does not exist"):
     translate.run(str(tmp_path / "none"), "-", str(out))
+  with pytest.raises(ValueError, match="is the input file"):
+    translate.run(workdir, str(out), os.path.join(str(tmp_path), ".", "out.txt"))
   assert out.read_text() == "keep me\n"
 
 

@@ -52,11 +52,13 @@ def iter_lines(path):
   """The lines of a file or of stdin ('-'), one at a time as they arrive,
   without line ends; bad UTF-8 bytes become U+FFFD (then UNK) instead of
   stopping the run. Lines end at "\n" only (not at U+2028 and friends, as
-  str.splitlines() would), so the line count is the file's."""
+  str.splitlines() would), so the line count is the file's. A byte-order mark
+  before the first line is dropped, as the training data's reader drops it."""
   stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # pylint: disable=consider-using-with
   try:
-    for raw in stream:
-      yield raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+    for number, raw in enumerate(stream):
+      line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+      yield line.lstrip("\ufeff") if number == 0 else line
   finally:
     if stream is not sys.stdin.buffer:
       stream.close()
@@ -157,6 +159,10 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                        "decoder")
   if input_path != "-" and not os.path.exists(input_path):
     raise FileNotFoundError(f"input {input_path!r} does not exist")
+  if (input_path != "-" and output_path != "-" and os.path.exists(output_path)
+      and os.path.samefile(input_path, output_path)):
+    raise ValueError(f"--output {output_path!r} is the input file: writing it would "
+                     "empty it before it is read")
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
       mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact),

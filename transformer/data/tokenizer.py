@@ -5,7 +5,8 @@ bpe/unigram vocabularies fall back to UTF-8 bytes for characters unseen in
 training. Outputs are scored against references as written, so the model must be
 able to emit every character a reference can hold: under NFKC "ﬁ" came out as
 "fi" and "½" as "1⁄2", and an unseen character as "⁇", each a silent BLEU loss.
-Runs of spaces still collapse to one, which sacreBLEU's tokenizers ignore.
+Runs of spaces still collapse to one, which sacreBLEU's tokenizers ignore, and
+U+2581 (SentencePiece's space marker) reads back as a space.
 Word vocabularies (SCAN) have no byte pieces: an unseen word is UNK.
 """
 import io
@@ -56,14 +57,19 @@ class Tokenizer:
     return self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
 
   def decode(self, ids):
-    """Text of `ids` up to the first EOS; PAD and BOS are skipped."""
+    """Text of `ids` up to the first EOS, as one line; PAD and BOS are skipped.
+
+    Byte pieces can spell a line break (`<0x0A>`), and every caller writes one
+    output line per input line: each line boundary of str.splitlines() becomes
+    a space, which sacreBLEU's tokenizers treat as the break would have been.
+    """
     out = []
     for i in np.asarray(ids).reshape(-1).tolist():
       if i == EOS_ID:
         break
       if i not in (PAD_ID, BOS_ID):
         out.append(i)
-    return self._sp.decode(out)
+    return ' '.join(self._sp.decode(out).splitlines())
 
   def save(self, path):
     """Writes the model atomically: a crash never leaves a partial file."""
