@@ -221,6 +221,11 @@ def test_tokenize_pairs_drop_truncate_and_empty():
   assert all(s.dtype == np.int32 for s, _ in ex)
   with pytest.raises(ValueError, match='overlong'):
     pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'clip')
+  # An evaluation keeps every pair: an empty side is EOS alone.
+  ex, stats, kept = pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'truncate',
+                                            return_kept=True, keep_empty=True)
+  assert (stats['dropped_empty'], stats['kept'], kept) == (0, 5, [0, 1, 2, 3, 4])
+  assert [ex[2][0].tolist(), ex[3][1].tolist()] == [[EOS_ID], [EOS_ID]]
 
 
 def test_bucket_lengths_are_few_and_aligned():

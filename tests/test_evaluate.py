@@ -176,6 +176,24 @@ def test_evaluating_chunk_by_chunk_gives_the_same_results(workdir):
     assert f.read() == "".join(hypotheses.splitlines(keepends=True)[:33])
 
 
+def test_a_side_that_encodes_to_nothing_is_scored_not_dropped(workdir, monkeypatch):
+  """A source or reference with no ids (empty, or U+2581 alone) stays in the
+  evaluation as EOS alone: every reference is scored, and the hypotheses file
+  keeps one line per example in order."""
+  iter_pairs = data_lib.sources.iter_pairs
+
+  def with_empty_sides(data_config, split, chunk=1000):
+    for pairs in iter_pairs(data_config, split, chunk):
+      yield [("\u2581", t) if i == 3 else (s, "") if i == 5 else (s, t)
+             for i, (s, t) in enumerate(pairs)]
+
+  monkeypatch.setattr(data_lib.sources, "iter_pairs", with_empty_sides)
+  result, _ = evaluate.run(workdir, split="test[:12]", mode="greedy")
+  assert result["num_sentences"] == 12
+  with open(result["hypotheses_file"]) as f:
+    assert len(f.read().splitlines()) == 12
+
+
 def test_a_run_killed_between_chunks_keeps_what_it_wrote(workdir, monkeypatch):
   """Each chunk's hypotheses are flushed before the next chunk is decoded; a
   run that dies part-way leaves them in .txt.partial, and no .txt or .json."""

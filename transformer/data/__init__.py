@@ -40,7 +40,7 @@ def get_eval(data_config, tokenizer, split):
   """(examples, raw pairs aligned with them, stats) of an evaluation split (e.g. test_split).
 
   Overlong examples are truncated, not dropped, so the set stays whole
-  (stats['truncated'] counts them); only empty ones are dropped.
+  (stats['truncated'] counts them); an empty side is kept as EOS alone.
   """
   examples, pairs, stats = [], [], collections.Counter()
   for chunk_examples, chunk_pairs, chunk_stats in iter_eval(data_config, tokenizer, split):
@@ -56,7 +56,7 @@ def iter_eval(data_config, tokenizer, split, chunk=sources.CHUNK, limit=None):
   left = limit
   for pairs in sources.iter_pairs(data_config, split, chunk):
     examples, stats, kept = tokenize_pairs(pairs, tokenizer, data_config.max_length,
-                                           'truncate', return_kept=True)
+                                           'truncate', return_kept=True, keep_empty=True)
     if left is not None:
       examples, kept = examples[:left], kept[:left]
       left -= len(examples)

@@ -33,11 +33,14 @@ BUCKET_GROWTH = 1.125  # Above 64, buckets grow ~12.5%: few shapes, < ~12.5% pad
 STATS = ('total', 'kept', 'dropped_empty', 'dropped_overlong', 'truncated')
 
 
-def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=False):
+def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=False,
+                   keep_empty=False):
   """Encodes (source, target) strings into int32 id arrays, each ending with EOS.
 
   `max_length` counts EOS. Overlong examples are dropped or truncated (keeping
-  EOS last); examples with an empty source or target are dropped. Returns
+  EOS last). An example whose source or target encodes to no ids (an empty
+  string; a text of U+2581 alone) is dropped, or with `keep_empty` kept with EOS
+  alone on that side, so that an evaluation scores every reference. Returns
   (examples, stats), plus the indices of kept pairs if `return_kept`.
   """
   if overlong not in OVERLONG:
@@ -51,7 +54,7 @@ def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=Fa
   stats['total'] = len(pairs)
   examples, kept = [], []
   for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-    if not s or not t:
+    if (not s or not t) and not keep_empty:
       stats['dropped_empty'] += 1
       continue
     if max(len(s), len(t)) + 1 > max_length:
