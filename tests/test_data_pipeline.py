@@ -245,5 +245,23 @@ def test_pack_with_shorter_source_rows():
     for i, src, tgt in _rows(b):
       np.testing.assert_array_equal(src, EXAMPLES[i][0])
       np.testing.assert_array_equal(tgt, EXAMPLES[i][1])
-  with pytest.raises(ValueError, match='source rows: 30'):
+  with pytest.raises(ValueError, match=r'rows hold 30 and 48 \(pack_source_length'):
     _make('pack', pack_source_length=30)
+
+
+def test_pack_with_longer_source_rows():
+  # Long sources, short targets: each side fits its own row, and the longer row
+  # sets the row count, so neither side holds more than tokens_per_batch.
+  rng = np.random.default_rng(3)
+  examples = [(np.r_[4 + i, rng.integers(4, 50, rng.integers(1, 59)), EOS_ID].astype(np.int32),
+               np.r_[rng.integers(4, 50, rng.integers(1, 20)), EOS_ID].astype(np.int32))
+              for i in range(N)]
+  it = pipeline.TrainBatches(examples, tokens_per_batch=512, seed=0, batching='pack',
+                             pack_length=24, pack_source_length=64)
+  batches = [next(it) for _ in range(it.num_batches(0))]
+  assert sorted(i for b in batches for i, _, _ in _rows(b)) == list(range(N))
+  for b in batches:
+    assert b['inputs'].shape == (8, 64) and b['targets'].shape == (8, 24)
+    for i, src, tgt in _rows(b):
+      np.testing.assert_array_equal(src, examples[i][0])
+      np.testing.assert_array_equal(tgt, examples[i][1])

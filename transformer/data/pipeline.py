@@ -4,8 +4,9 @@ Token budget (bucket mode): a batch of B rows in bucket L has `inputs` [B, L]
 and `targets` [B, L] (one padded length for both sides, so jit sees one shape
 per bucket) with B * L <= tokens_per_batch: the budget bounds source tokens and
 target tokens separately, each side at most tokens_per_batch (as in the paper,
-~25000 source + ~25000 target tokens per step). In pack mode B * pack_length
-<= tokens_per_batch likewise.
+~25000 source + ~25000 target tokens per step). In pack mode B rows of
+pack_length target and pack_source_length source tokens, with B times the
+longer of the two <= tokens_per_batch likewise.
 
 Pack mode adds `inputs_segmentation`/`targets_segmentation` (1, 2, ... per
 example in a row, 0 on padding) and `inputs_position`/`targets_position` (0, 1,
@@ -153,19 +154,20 @@ class TrainBatches:
     self._mode = batching
     self._shard = (shard_index, shard_count)
     self._src_lens, self._tgt_lens = _lengths(examples)
-    longest = int(max(self._src_lens.max(), self._tgt_lens.max()))
     if batching == 'pack':
       if not pack_length:
         raise ValueError("batching='pack' needs pack_length")
       self._source_pack_length = pack_source_length or pack_length
-      longest_source = int(self._src_lens.max())
-      if longest > pack_length or longest_source > self._source_pack_length:
+      longest_source, longest_target = int(self._src_lens.max()), int(self._tgt_lens.max())
+      if longest_target > pack_length or longest_source > self._source_pack_length:
         raise ValueError(
-            f'an example has {max(longest, longest_source)} tokens > pack_length='
-            f'{pack_length} (source rows: {self._source_pack_length}); tokenize with '
-            'max_length <= both')
+            f'an example has {longest_source} source and {longest_target} target tokens; '
+            f'rows hold {self._source_pack_length} and {pack_length} (pack_source_length, '
+            'pack_length): tokenize with max_length <= both')
       self._pack_length = pack_length
-      self._rows = _rows_for(pack_length, tokens_per_batch, batch_multiple)
+      # The longer row bounds each side's tokens by tokens_per_batch.
+      self._rows = _rows_for(max(pack_length, self._source_pack_length), tokens_per_batch,
+                             batch_multiple)
     else:
       self._buckets, self._bucket_of = _buckets(
           np.maximum(self._src_lens, self._tgt_lens), max_length, 'an example')
