@@ -83,7 +83,8 @@ def test_bad_model_values_name_the_field(field, value, message):
 @pytest.mark.parametrize("field,value", [
     ("data.batching", "random"), ("data.tokens_per_batch", 0),
     ("train.label_smoothing", 1.5), ("data.max_length", 1000),
-    ("decode.tokens_per_batch", -1), ("distributed.heartbeat_timeout_s", 0),
+    ("decode.tokens_per_batch", -1), ("decode.tokens_per_batch", 63),  # < a 64-token source.
+    ("distributed.heartbeat_timeout_s", 0),
     ("distributed.initialization_timeout_s", -5), ("decode.concurrent_batches", 0),
 ])
 def test_bad_other_values_name_the_field(field, value):
@@ -91,6 +92,15 @@ def test_bad_other_values_name_the_field(field, value):
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(ValueError, match=re.escape(f"config.{field}=")):
+    check_config(config)
+
+
+def test_seed_fits_jax_random_key():
+  config = default.get_config()
+  config.seed = 2**32 - 1
+  check_config(config)
+  config.seed = 2**32  # jax.random.key would give seed 0's key.
+  with pytest.raises(ValueError, match=re.escape("config.seed=4294967296: must be in")):
     check_config(config)
 
 

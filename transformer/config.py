@@ -179,7 +179,9 @@ def check_config(config) -> None:
                 "decode.alpha", "model.dropout", "model.attention_dropout"):
     if value(field) is not None:
       check(math.isfinite(value(field)), field, "must be a finite number")
-  check(value("seed") >= 0, "seed", "must be >= 0 (it seeds numpy's generators)")
+  # jax.random.key keeps a seed's low 32 bits: 2**32 would repeat seed 0.
+  check(0 <= value("seed") < 2**32, "seed", "must be in [0, 2**32) (jax.random.key "
+        "keeps 32 bits)")
 
   check(config.data.batching in BATCHING, "data.batching", f"must be one of {BATCHING}")
   check(config.data.overlong in OVERLONG, "data.overlong", f"must be one of {OVERLONG}")
@@ -199,6 +201,10 @@ def check_config(config) -> None:
         f"must be <= model.max_len={config.model.max_len}")
   check(config.decode.get("tokens_per_batch", 0) >= 0, "decode.tokens_per_batch",
         "must be >= 0 (0 = data.tokens_per_batch)")
+  longest = -(-config.data.max_length // 8) * 8  # The longest bucket (data.pipeline's ladder).
+  check(config.decode.get("tokens_per_batch", 0) not in range(1, longest),
+        "decode.tokens_per_batch", f"must be 0 (= data.tokens_per_batch) or >= {longest}, "
+        f"the longest source bucket (data.max_length={config.data.max_length} rounded up to 8)")
   check(config.train.decode_every >= 0, "train.decode_every", "must be >= 0 (0 = off)")
   check(config.train.decode_examples >= 0, "train.decode_examples", "must be >= 0 (0 = all)")
   check(config.train.decode_mode in SCORED_DECODE_MODES, "train.decode_mode",
