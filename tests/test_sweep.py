@@ -245,6 +245,55 @@ def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   assert results.read_status(os.path.join(workdir, "base"))["steps"] == 9
 
 
+def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_path):
+  """Checkpoints trained under one recipe are not continued, or relabelled, under
+  another: the variant is 'stale' and its status stays; a longer num_steps (or a
+  variant with no checkpoint yet) still runs."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
+  workdir = str(tmp_path / "runs")
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
+  assert sweep_lib.run_local(sweep, workdir, FakeTrainer(fail={"ls0"})) == {
+      "base": "finished", "ls0": "failed"}
+  before = results.read_status(os.path.join(workdir, "base"))
+  other = sweep_lib.resolve(path, sets=["train.num_steps=5", "optim.learning_rate_scale=0.5"])
+  trainer = FakeTrainer()
+  assert sweep_lib.run_local(other, workdir, trainer) == {"base": "stale", "ls0": "finished"}
+  assert trainer.calls == ["ls0"]  # Its failed attempt left no checkpoint.
+  assert results.read_status(os.path.join(workdir, "base")) == before
+  assert sweep_lib.recipe_changes(before, {"base": sweep.base, "overrides": [
+      "train.num_steps=9", "model.dropout=0.3"]}) == ["model.dropout: (base value) -> 0.3"]
+  longer = sweep_lib.resolve(path, sets=["train.num_steps=9"])
+  assert sweep_lib.run_local(longer, workdir, FakeTrainer()) == {
+      "base": "finished", "ls0": "stale"}
+
+
+def test_the_wall_time_of_earlier_attempts_survives_a_killed_one(tmp_path, monkeypatch):
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
+  workdir = str(tmp_path / "runs")
+  now = [1000.0]
+  monkeypatch.setattr(sweep_lib.time, "time", lambda: now[0])
+
+  def takes_10_s(trainer):
+    def train(argv, variant_dir):
+      now[0] += 10
+      trainer(argv, variant_dir)
+    return train
+
+  sweep_lib.run_local(sweep, workdir, takes_10_s(FakeTrainer(fail={"base"})))
+
+  def killed(argv, variant_dir):
+    raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    sweep_lib.run_local(sweep, workdir, takes_10_s(killed))
+  status = results.read_status(os.path.join(workdir, "base"))
+  assert (status["status"], status["attempts"], status["wall_seconds"]) == ("running", 2, 10.0)
+  sweep_lib.run_local(sweep, workdir, takes_10_s(FakeTrainer()))
+  status = results.read_status(os.path.join(workdir, "base"))
+  assert (status["status"], status["attempts"], status["wall_seconds"]) == ("finished", 3, 20.0)
+
+
 TINY = ["model.num_layers=1", "model.d_model=32", "model.d_ff=64", "model.num_heads=2",
         "data.eval_split=test[:50]", "data.tokens_per_batch=512", "optim.warmup_steps=20",
         "train.num_steps=2", "train.log_every=1", "train.eval_every=2",

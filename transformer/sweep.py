@@ -35,8 +35,11 @@ subprocess of train.py: a crash or a leak in one variant cannot take the sweep
 down, and what runs is exactly the command `--emit commands` prints. A variant
 is finished when its sweep_status.json says so for the same base and overrides;
 a rerun skips it, and restarts any other (train.py resumes from its latest
-checkpoint). A variant that fails is recorded as failed, with its error, and the
-sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
+checkpoint) unless its checkpoints were trained with other overrides than
+CONTINUABLE ones (a longer num_steps, cadences, data paths): such a variant is
+reported 'stale' and left as it is, so that no row is labelled with settings it
+did not train under. A variant that fails is recorded as failed, with its error,
+and the sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
 """
 
 import contextlib
@@ -226,9 +229,34 @@ def train_subprocess(argv: list, variant_dir: str) -> None:
     raise RuntimeError(f"train.py exited with status {process.returncode}: {last}")
 
 
+# Fields a rerun may change and still continue a variant's checkpoints: how long
+# it trains, how often it logs and saves, where the data lives, and how fast it
+# runs. Any other change would label steps trained under the old overrides with
+# the new ones.
+CONTINUABLE = ("train.num_steps", "train.log_every", "train.eval_every",
+               "train.checkpoint_every", "train.keep_checkpoints", "data.text_dir",
+               "data.tfds_data_dir", "data.prefetch", "model.attention_impl",
+               "decode.tokens_per_batch", "decode.concurrent_batches", "decode.compact")
+
+
+def recipe_changes(previous: dict, recipe: dict) -> list:
+  """The changes from a variant's recorded recipe ({'base', 'overrides'}) to
+  `recipe` that its checkpoints cannot continue under, as 'field: old -> new'."""
+  def fields(r):
+    return dict(o.partition("=")[::2] for o in r.get("overrides") or [])
+  old, new = fields(previous), fields(recipe)
+  changes = [f"--base: {previous.get('base')} -> {recipe['base']}"
+             ] if previous.get("base") != recipe["base"] else []
+  return changes + [f"{f}: {old.get(f, '(base value)')} -> {new.get(f, '(base value)')}"
+                    for f in sorted(set(old) | set(new))
+                    if old.get(f) != new.get(f) and f not in CONTINUABLE
+                    and not f.startswith("distributed.")]
+
+
 def run_local(sweep: Sweep, workdir: str,
               train: Callable[[list, str], None] = train_subprocess) -> dict:
-  """Trains the valid variants one after another; returns {name: status}."""
+  """Trains the valid variants one after another; returns {name: status}
+  ('finished', 'failed', 'skipped', or 'stale': checkpoints of another recipe)."""
   done = {}
   for variant in sweep.valid:
     variant_dir = os.path.join(workdir, variant.name)
@@ -240,9 +268,18 @@ def run_local(sweep: Sweep, workdir: str,
       logging.info("%s: finished before, skipped.", variant.name)
       done[variant.name] = "skipped"
       continue
+    changes = recipe_changes(previous, recipe) if previous else []
+    if changes and results.latest_step(variant_dir) is not None:
+      logging.error("%s: not run: its checkpoints were trained with other settings (%s); "
+                    "use another --workdir, or remove %s to train it again.",
+                    variant.name, "; ".join(changes), variant_dir)
+      done[variant.name] = "stale"
+      continue
     argv = train_argv(sweep, variant, workdir)
+    # A killed attempt records no time of its own; the earlier attempts' stays.
     status = {**recipe, "status": "running", "attempts": previous.get("attempts", 0) + 1,
-              "command": shlex.join(["python", "train.py"] + argv), "started": time.time()}
+              "command": shlex.join(["python", "train.py"] + argv), "started": time.time(),
+              "wall_seconds": previous.get("wall_seconds", 0.0)}
     results.write_status(variant_dir, status)
     logging.info("%s: training (%s).", variant.name, " ".join(variant.overrides) or "the base")
     start = time.time()
@@ -253,7 +290,7 @@ def run_local(sweep: Sweep, workdir: str,
       status.update(status="failed", error=str(e))
       logging.error("%s failed: %s", variant.name, e)
     # This attempt's time plus the earlier attempts' that ended (a killed one has none).
-    status.update(wall_seconds=previous.get("wall_seconds", 0.0) + time.time() - start,
+    status.update(wall_seconds=status["wall_seconds"] + time.time() - start,
                   steps=results.latest_step(variant_dir))
     results.write_status(variant_dir, status)
     done[variant.name] = status["status"]
@@ -334,7 +371,7 @@ def main(argv):
   else:
     done = run_local(sweep, workdir)
     print("\n".join(f"{name}: {status}" for name, status in done.items()))
-    if "failed" in done.values():
+    if {"failed", "stale"} & set(done.values()):
       sys.exit(1)
 
 
