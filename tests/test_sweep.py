@@ -440,12 +440,40 @@ def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path
     csv_lines = f.read().splitlines()
   assert csv_lines[0] == ("variant,changes,parameters,steps,wall_seconds,dev_perplexity,"
                           "dev_bleu_training,dev_bleu_greedy,dev_bleu_beam,test_bleu_greedy,"
-                          "test_bleu_beam,status,error")
+                          "test_bleu_beam,status,error,note")
   assert csv_lines[1:] == [
-      f"base,,{base_params.replace(',', '')},300,3725.5,4.5,20.5,21.25,22.0,,23.5,finished,",
+      f"base,,{base_params.replace(',', '')},300,3725.5,4.5,20.5,21.25,22.0,,23.5,finished,,",
       f"A-h1,model.num_heads=1,{h1_params.replace(',', '')},100,59.0,,,,,,,failed,"
-      "train.py exited with status 1: FloatingPointError: nan | stop",
-      "A-h2,model.num_heads=2,,,,,,,,,,not run,",
-      f"D-ls0,train.label_smoothing=0.0,{base_params.replace(',', '')},200,,6.0,,,,,,,",
+      "train.py exited with status 1: FloatingPointError: nan | stop,",
+      "A-h2,model.num_heads=2,,,,,,,,,,not run,,",
+      f"D-ls0,train.label_smoothing=0.0,{base_params.replace(',', '')},200,,6.0,,,,,,,,",
       "score-bogus,model.attention_scoring=dot,,,,,,,,,,invalid,"
-      f"config.model.attention_scoring: unknown field (not in {MULTI30K})"]
+      f"config.model.attention_scoring: unknown field (not in {MULTI30K}),"]
+
+
+def test_collect_labels_the_table_with_what_the_workdirs_trained(tmp_path):
+  """A collect without the run's --set still describes the run: the notes come
+  from the base's config.json and recorded overrides, and a row trained without
+  them says so."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('ls0', {{'train.label_smoothing': 0.0}}),\n"
+                     "          ('ls2', {{'train.label_smoothing': 0.2}})]\n", base=MULTI30K)
+  run = sweep_lib.resolve(path, sets=["data.eval_split=test_2016_flickr",
+                                      "train.decode_every=0"])
+  base, ls0, ls2 = run.variants
+  workdir = str(tmp_path / "runs")
+  for variant, trained in ((base, run.overrides(base)), (ls0, run.overrides(ls0)),
+                           (ls2, ls2.overrides)):  # ls2 ran without the --set.
+    fake_workdir(os.path.join(workdir, variant.name), variant.config,
+                 {"status": "finished", "steps": 300, "overrides": trained})
+  markdown = results.collect(sweep_lib.resolve(path), workdir)  # No --set.
+  assert ("On every variant (--set): `data.eval_split=test_2016_flickr "
+          "train.decode_every=0`.") in markdown
+  assert "dev = test_2016_flickr, test = test_2016_flickr;" in markdown
+  assert "(training):" not in markdown  # No decoding during training.
+  notes = [line for line in markdown.splitlines() if line.startswith("- ")]
+  assert notes == ["- ls2 (finished): trained with `train.label_smoothing=0.2`, not "
+                   "`data.eval_split=test_2016_flickr train.decode_every=0 "
+                   "train.label_smoothing=0.2` as the notes above say"]
+  with pytest.raises(FileNotFoundError, match="sweep workdir .* does not exist"):
+    results.collect(run, str(tmp_path / "none"))

@@ -14,6 +14,7 @@ else training's last evaluation when the checkpoint is 'latest'.
 """
 
 import csv
+import dataclasses
 import glob
 import io
 import json
@@ -121,8 +122,11 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
   return max(found)[2] if found else None
 
 
-def variant_row(variant, variant_dir: str, checkpoint: str = "latest") -> dict:
-  """One table row: figures of a variant (a sweep.Variant) that its workdir holds."""
+def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
+                overrides: Optional[list] = None) -> dict:
+  """One table row: figures of a variant (a sweep.Variant) that its workdir holds.
+  `overrides`: all of the variant's that the table's notes state; where its
+  status recorded others, the row's note names what it trained with."""
   row = {"variant": variant.name, "changes": " ".join(variant.overrides)}
   if variant.error:
     return {**row, "status": "invalid", "error": variant.error}
@@ -132,6 +136,10 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest") -> dict:
   steps = status.get("steps") or latest_step(variant_dir)
   row.update(status=status.get("status"), error=status.get("error"), steps=steps,
              wall_seconds=status.get("wall_seconds"))
+  trained = status.get("overrides")
+  if overrides is not None and trained is not None and sorted(trained) != sorted(overrides):
+    row["note"] = (f"trained with `{' '.join(trained) or '(no overrides)'}`, not "
+                   f"`{' '.join(overrides) or '(no overrides)'}` as the notes above say")
   if not os.path.exists(os.path.join(variant_dir, "config.json")):
     return row
   config = workdir_lib.load_config(variant_dir)
@@ -175,7 +183,7 @@ def columns(metric: str) -> list:
 def to_csv(rows, metric: str) -> str:
   out = io.StringIO()
   writer = csv.writer(out, lineterminator="\n")
-  names = [c[0] for c in columns(metric)] + ["error"]
+  names = [c[0] for c in columns(metric)] + ["error", "note"]
   writer.writerow(names)
   for row in rows:
     writer.writerow(["" if row.get(n) is None else row[n] for n in names])
@@ -190,18 +198,31 @@ def to_markdown(rows, metric: str, title: str, notes=()) -> str:
   for row in rows:
     cells = ["" if row.get(n) is None else fmt(row[n]) for n, _, fmt in cols]
     lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-  errors = [f"- {row['variant']} ({row['status']}): {row['error']}" for row in rows
-            if row.get("error")]
+  errors = [f"- {row['variant']} ({row['status']}): {row[key]}" for row in rows
+            for key in ("error", "note") if row.get(key)]
   lines += ["", *errors] if errors else []
   return "\n".join(lines) + "\n"
 
 
 def collect(sweep, workdir: str, checkpoint: str = "latest"):
-  """Writes results.md and results.csv into `workdir`; returns the markdown."""
-  rows = [variant_row(v, os.path.join(workdir, v.name), checkpoint) for v in sweep.variants]
-  base = sweep.variants[0].config
+  """Writes results.md and results.csv into `workdir`; returns the markdown.
+
+  The notes over the table describe the base as its workdir trained it (its
+  config.json and recorded overrides), not as this collect's --set would
+  resolve it: a collect without the run's --set still labels the run's table.
+  """
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"--collect: sweep workdir {workdir!r} does not exist")
+  base_dir = os.path.join(workdir, sweep.variants[0].name)
+  base = (workdir_lib.load_config(base_dir) if os.path.exists(
+      os.path.join(base_dir, "config.json")) else sweep.variants[0].config)
+  # The base has no overrides of its own: what it recorded is the run's --set.
+  sets = (read_status(base_dir) or {}).get("overrides", sweep.sets)
+  as_run = dataclasses.replace(sweep, sets=sets)
+  rows = [variant_row(v, os.path.join(workdir, v.name), checkpoint,
+                      None if v.error else as_run.overrides(v)) for v in sweep.variants]
   metric = metrics_lib.main_metric(base.data.dataset)
-  notes = [f"On every variant (--set): `{' '.join(sweep.sets)}`." if sweep.sets else None,
+  notes = [f"On every variant (--set): `{' '.join(sets)}`." if sets else None,
            f"dev = {base.data.eval_split}, test = {base.data.test_split}; checkpoint "
            f"{checkpoint}; beam {base.decode.beam_size}, alpha {base.decode.alpha}. "
            "dev PPL: per target token, without label smoothing." + (

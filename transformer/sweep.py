@@ -366,7 +366,10 @@ def main(argv):
     os.makedirs(workdir, exist_ok=True)  # SLURM writes the tasks' output there.
     print(slurm_script(sweep, workdir, os.path.basename(workdir)), end="")
   elif f.collect:
-    print(results.collect(sweep, workdir, f.checkpoint), end="")
+    try:
+      print(results.collect(sweep, workdir, f.checkpoint), end="")
+    except (OSError, ValueError) as e:
+      sys.exit(f"sweep: error: {e}")
     print(f"wrote {os.path.join(workdir, 'results.md')} and results.csv", file=sys.stderr)
   else:
     done = run_local(sweep, workdir)
