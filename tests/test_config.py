@@ -56,6 +56,12 @@ def test_summary_command_prints_total_last():
   assert re.fullmatch(r"Total parameters: [\d,]+", last)
   assert int(last.split(":")[1].replace(",", "")) == 63_045_632
   assert "encoder/layer_0/self_attention" in out.stdout
+  bad = subprocess.run([sys.executable, "-m", "transformer.summary", "--config",
+                        "configs/base.py", "--config.model.num_heads=7"],
+                       capture_output=True, text=True)
+  assert bad.returncode == 1 and "Traceback" not in bad.stderr
+  assert bad.stderr.strip().splitlines()[-1].startswith(
+      "summary: error: config.model.num_heads=7: d_model=512 must be divisible")
 
 
 def test_summary_table_rows_add_up():

@@ -144,6 +144,11 @@ def test_table3_scales_with_its_base():
   errors = {v.name: v.error for v in small.variants if v.error}
   assert errors["A-h8"].startswith("config.model.num_heads=8: d_model=20 must be divisible")
   assert set(errors) == {"A-h8", "A-h16", "C-dmodel10"}
+  # The CPU subset names rows of its own base; on another base they are named, not dropped.
+  cpu = os.path.join(ROOT, "configs", "sweeps", "table3_cpu.py")
+  assert len(sweep_lib.resolve(cpu).variants) == 12
+  with pytest.raises(ValueError, match="rows C-N2, C-dff2048 are not variants of table3"):
+    sweep_lib.resolve(cpu, base=DEFAULT)
 
 
 # ----------------------------------------------------------------------------
@@ -168,7 +173,11 @@ def test_emitted_commands_parse_back_into_the_variants(tmp_path):
   for i in (0, 7):  # The task's echo line is its command.
     out = subprocess.run(["bash", "-c", runnable], env={"SLURM_ARRAY_TASK_ID": str(i)},
                          capture_output=True, text=True, check=True).stdout
-    assert out == lines[i] + "\n"
+    assert out == sweep_lib.commands(sweep, "runs/demo sweep",
+                                     os.path.join(ROOT, "train.py"))[i] + "\n"
+  assert lines == [line.replace(f"python {os.path.join(ROOT, 'train.py')} ", "python train.py ")
+                   for line in sweep_lib.commands(sweep, "runs/demo sweep",
+                                                  os.path.join(ROOT, "train.py"))]
 
 
 def test_command_only_names_a_missing_variant_in_one_line(tmp_path):

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
 
+from transformer import runtime
 from transformer.config import model_config
 from transformer.state import make_model
 
@@ -51,9 +52,10 @@ def format_table(rows) -> str:
 
 def main(argv):
   del argv
-  print(format_table(parameter_rows(parameter_shapes(model_config(_CONFIG.value)))))
+  with runtime.one_line_errors("summary"):  # A bad model field: one line naming it.
+    print(format_table(parameter_rows(parameter_shapes(model_config(_CONFIG.value)))))
 
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  app.run(main, flags_parser=lambda argv: runtime.parse_flags(argv, "summary"))

@@ -187,16 +187,18 @@ def train_argv(sweep: Sweep, variant: Variant, workdir: str) -> list:
           + ["--workdir", os.path.join(workdir, variant.name)])
 
 
-def commands(sweep: Sweep, workdir: str) -> list:
-  """One shell line per valid variant, to run from the repository root."""
-  return [shlex.join(["python", "train.py"] + train_argv(sweep, v, workdir))
+def commands(sweep: Sweep, workdir: str, train_py: str = "train.py") -> list:
+  """One shell line per valid variant, to run from the repository root (or from
+  anywhere, with `train_py` an absolute path)."""
+  return [shlex.join(["python", train_py] + train_argv(sweep, v, workdir))
           for v in sweep.valid]
 
 
 def slurm_script(sweep: Sweep, workdir: str, name: str) -> str:
   """A SLURM job array with one task per valid variant: task i runs line i of
-  `commands`. Resources (--gres, --time, ...) go on the sbatch command line."""
-  lines = commands(sweep, workdir)
+  `commands`, with train.py's absolute path, from the directory the script was
+  made in. Resources (--gres, --time, ...) go on the sbatch command line."""
+  lines = commands(sweep, workdir, os.path.join(ROOT, "train.py"))
   return "\n".join([
       "#!/bin/bash",
       f"# {len(lines)} variants of {sweep.path} on {sweep.base}; one per array task.",
