@@ -407,8 +407,11 @@ def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path
            "perplexity": 4.5, "metrics": {"bleu": 22.0}},
           {"split": "test_2016_flickr", "mode": "beam", "beam_size": 4, "alpha": 0.6,
            "step": 300, "metrics": {"bleu": 23.5}},
-          # Not the table's: beam 8, a partial split, a stale 'latest', another checkpoint.
+          # Not the table's: beam 8, another length limit, a partial split, a stale
+          # 'latest', another checkpoint.
           {"split": "val", "mode": "beam", "beam_size": 8, "alpha": 0.6, "step": 300,
+           "metrics": {"bleu": 99.0}},
+          {"split": "test_2016_flickr", "mode": "greedy", "max_extra_len": 10, "step": 300,
            "metrics": {"bleu": 99.0}},
           {"split": "test_2016_flickr", "mode": "greedy", "limit": 50, "step": 300,
            "metrics": {"bleu": 99.0}},

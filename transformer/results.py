@@ -103,8 +103,8 @@ def last_scalars(variant_dir: str, tags) -> dict:
 def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
                steps: Optional[int]) -> Optional[dict]:
   """The newest evaluate JSON of the whole `split` with `mode` for `checkpoint`
-  (beam at config.decode's settings); a 'latest' one made before the last step
-  is stale and ignored."""
+  (at config.decode's output length limit; beam at its beam size and alpha); a
+  'latest' one made before the last step is stale and ignored."""
   found = []
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
     result = _read_json(path)
@@ -112,6 +112,8 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
       continue
     if (result.get("split") != split or result.get("mode") != mode or result.get("limit")
         or result.get("checkpoint") != checkpoint):
+      continue
+    if result.get("max_extra_len", config.decode.max_extra_len) != config.decode.max_extra_len:
       continue
     if mode == "beam" and (result.get("beam_size"), result.get("alpha")) != (
         config.decode.beam_size, config.decode.alpha):
