@@ -304,14 +304,18 @@ def test_dropout_acts_on_sublayer_outputs_and_embedding_sums_only():
     assert sites == expected, norm_position
 
 
-def test_bfloat16_compute_is_finite_and_close_to_float32():
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_bfloat16_compute_is_finite_and_close_to_float32(tie_output):
   rng = np.random.default_rng(5)
   inputs = random_tokens(rng, [6, 4], 6); targets = random_tokens(rng, [5, 5], 5)
-  model32, params = init_model(tiny_config(), inputs, targets)
-  model16 = Transformer(tiny_config(dtype="bfloat16"))
+  untied = {} if tie_output else dict(share_embeddings=False, tie_output=False)
+  model32, params = init_model(tiny_config(**untied), inputs, targets)
+  model16 = Transformer(tiny_config(dtype="bfloat16", **untied))
   out32 = model32.apply({"params": params}, inputs, targets)
   out16 = model16.apply({"params": params}, inputs, targets)
-  assert out16.dtype == jnp.float32  # logits stay float32
+  assert out16.dtype == jnp.float32  # logits stay float32 ...
+  as_bf16 = np.asarray(out16.astype(jnp.bfloat16).astype(jnp.float32))
+  assert np.mean(np.asarray(out16) == as_bf16) < 0.1  # ... and were never rounded to bf16.
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
   assert np.all(np.isfinite(out16))
   # bf16 keeps 8 significant bits. Its computation may deviate from float32 by
@@ -323,3 +327,18 @@ def test_bfloat16_compute_is_finite_and_close_to_float32():
   assert np.abs(out16 - out32).max() <= 2 * rounding_error
   probs32 = jax.nn.softmax(out32); probs16 = jax.nn.softmax(out16)
   assert float(jnp.abs(probs32 - probs16).max()) < 0.02
+
+
+def test_a_sequence_longer_than_max_len_is_refused_not_nan():
+  """Positions past the table would read NaN, which attention spreads to every
+  position of the sequence: the model names the limit instead."""
+  cfg = tiny_config()
+  rng = np.random.default_rng(2)
+  model, params = init_model(cfg, random_tokens(rng, [4], 4), random_tokens(rng, [4], 4))
+  fits = random_tokens(rng, [cfg.max_len], cfg.max_len)
+  assert np.isfinite(model.apply({"params": params}, fits, fits)).all()
+  over = random_tokens(rng, [cfg.max_len + 1], cfg.max_len + 1)
+  for inputs, targets in ((over, fits), (fits, over)):
+    with pytest.raises(ValueError, match=f"longer than config.model.max_len={cfg.max_len}"):
+      model.apply({"params": params}, inputs, targets)
+

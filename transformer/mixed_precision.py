@@ -101,21 +101,24 @@ def _contract(x: Array, w: Array, n: int) -> Array:
   return out_RxO.reshape(x.shape[:x.ndim - n] + w.shape[n:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def dense(x: Array, w: Array, b: Optional[Array], n: int) -> Array:
-  """x's last n axes contracted with w's first n, plus b (float32 accumulation), as x.dtype."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def dense(x: Array, w: Array, b: Optional[Array], n: int, out_dtype=None) -> Array:
+  """x's last n axes contracted with w's first n, plus b (float32 accumulation),
+  as out_dtype (default x.dtype)."""
   out = _contract(x, w, n)
   if b is not None:
     out = out + b.astype(jnp.float32).reshape((1,) * (out.ndim - b.ndim) + b.shape)
-  return out.astype(x.dtype)
+  return out.astype(x.dtype if out_dtype is None else out_dtype)
 
 
-def _dense_fwd(x, w, b, n):
-  return dense(x, w, b, n), (x, w, b)
+def _dense_fwd(x, w, b, n, out_dtype):
+  return dense(x, w, b, n, out_dtype), (x, w, b)
 
 
-def _dense_bwd(n, residuals, g):
+def _dense_bwd(n, out_dtype, residuals, g):
+  del out_dtype
   x, w, b = residuals
+  g = g.astype(x.dtype)  # A float32 output's gradient enters the products as x's dtype.
   k = w.ndim - n  # output feature axes
   # dx[..., c] = sum_o g[..., o] w[c, o];  dw[c, o] = sum_t x[t, c] g[t, o];  db[o] = sum_t g[t, o].
   dx = dot_f32(g, w, _last(k, g.ndim), _last(k, w.ndim), x.dtype)
@@ -137,7 +140,8 @@ class Dense(nn.Module):
 
   The parameters are DenseGeneral's (so checkpoints and sharding rules carry
   over): kernel [*in, *features], initialised on its [fan_in, fan_out] form;
-  bias [*features], zeros, float32. Inputs and kernel are cast to `dtype`.
+  bias [*features], zeros, float32. Inputs and kernel are cast to `dtype`; the
+  output is `out_dtype` (default `dtype`): float32 for logits.
   """
 
   features: Union[int, Sequence[int]]
@@ -145,6 +149,7 @@ class Dense(nn.Module):
   use_bias: bool = True
   dtype: Any = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
+  out_dtype: Any = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -156,4 +161,5 @@ class Dense(nn.Module):
         fan_in + features)
     bias = (self.param("bias", nn.initializers.zeros_init(), features)
             if self.use_bias else None)
-    return dense(x.astype(self.dtype), kernel.astype(self.dtype), bias, self.axes)
+    return dense(x.astype(self.dtype), kernel.astype(self.dtype), bias, self.axes,
+                 self.out_dtype)

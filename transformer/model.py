@@ -181,9 +181,14 @@ class DecoderLayer(nn.Module):
                      deterministic=deterministic, name="feed_forward")
 
 
-def _positions(tokens_BxT, positions_BxT):
+def _positions(tokens_BxT, positions_BxT, max_len: int):
+  """Explicit (packed) positions, or 0..T-1. A position past the table would read
+  NaN (jnp.take's fill), which attention spreads over the whole sequence."""
   if positions_BxT is not None:
     return positions_BxT
+  if tokens_BxT.shape[1] > max_len:
+    raise ValueError(f"a sequence of {tokens_BxT.shape[1]} tokens is longer than "
+                     f"config.model.max_len={max_len}, the positions the model has")
   return jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
 
 
@@ -198,7 +203,7 @@ class Encoder(nn.Module):
                deterministic: bool):
     cfg = self.config
     x_BxSxD = PositionalEncoding(cfg, name="positional")(
-        self.embed(inputs_BxS), _positions(inputs_BxS, inputs_position))
+        self.embed(inputs_BxS), _positions(inputs_BxS, inputs_position, cfg.max_len))
     x_BxSxD = Dropout(cfg.dropout)(x_BxSxD, deterministic=deterministic)
     mask = attention.padding_mask(inputs_BxS, cfg.pad_id)
     if inputs_segmentation is not None:
@@ -231,7 +236,7 @@ class Decoder(nn.Module):
       cross_mask = attention.combine_masks(
           cross_mask, attention.segment_mask(targets_segmentation, inputs_segmentation))
     decode_step = lineage = None
-    positions_BxT = _positions(decoder_inputs_BxT, targets_position)
+    positions_BxT = _positions(decoder_inputs_BxT, targets_position, cfg.max_len)
     if decode:
       # One shared step counter; it exists once the cache has been created.
       stepping = self.has_variable("cache", "step")
@@ -260,8 +265,15 @@ class Decoder(nn.Module):
       y_BxTxD = nn.LayerNorm(epsilon=1e-6, dtype=cfg.compute_dtype, name="final_norm")(y_BxTxD)
     if cfg.tie_output:
       return self.embed.attend(y_BxTxD)
-    return nn.Dense(cfg.output_vocab_size, use_bias=False, dtype=cfg.compute_dtype,
-                    name="logits")(y_BxTxD).astype(jnp.float32)
+    return untied_logits(cfg, "logits")(y_BxTxD)
+
+
+def untied_logits(cfg: ModelConfig, name: Optional[str] = None) -> Dense:
+  """The pre-softmax projection with its own matrix: float32 logits, accumulated
+  in float32 as the tied one's are (nn.Dense's initialisation, so its parameters
+  and their initial values are nn.Dense's)."""
+  return Dense(cfg.output_vocab_size, use_bias=False, dtype=cfg.compute_dtype,
+               kernel_init=nn.initializers.lecun_normal(), out_dtype=jnp.float32, name=name)
 
 
 def embeddings(cfg: ModelConfig):

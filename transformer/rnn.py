@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from transformer.config import ModelConfig
 from transformer.dropout import Dropout
-from transformer.model import ModuleDecoding, embeddings, shift_right
+from transformer.model import ModuleDecoding, embeddings, shift_right, untied_logits
 
 Array = jax.Array
 
@@ -135,7 +135,7 @@ class RNNDecoder(nn.Module):
     self.cell = AttentionDecoderCell(cfg)
     self.dropout = Dropout(cfg.dropout)
     if not cfg.tie_output:
-      self.logits = nn.Dense(cfg.output_vocab_size, use_bias=False, dtype=cfg.compute_dtype)
+      self.logits = untied_logits(cfg)
 
   def start(self, encoded_BxSxD, inputs_BxS):
     """(context, carry): what every step reads, and the state before the first step."""
@@ -157,7 +157,7 @@ class RNNDecoder(nn.Module):
     out_BxTxD = self.dropout(out_BxTxD, deterministic=deterministic)
     if self.config.tie_output:
       return self.embed.attend(out_BxTxD)
-    return self.logits(out_BxTxD).astype(jnp.float32)
+    return self.logits(out_BxTxD)
 
   def __call__(self, encoded_BxSxD, inputs_BxS, decoder_inputs_BxT, *,
                deterministic: bool = True):
