@@ -369,3 +369,25 @@ def test_model_sampling_top1_is_greedy():
   np.testing.assert_array_equal(
       decode_jit(mode='sample', rng=jax.random.key(3), top_k=1, **kw),
       decode_jit(mode='greedy', **kw))
+
+
+def test_settings_out_of_range_and_over_long_sources_are_named():
+  """A setting out of range is a ValueError naming it before anything runs (a
+  negative temperature would sample the least likely token; a negative top_k
+  would mean the whole vocabulary); a source longer than the model's positions
+  is refused, not decoded from NaN."""
+  model, params = tiny_model()
+  kw = dict(model=model, params=params, inputs_BxS=jnp.asarray(sources(SRC_LENGTHS, 6)),
+            max_extra_len=EXTRA, eos_id=M_EOS, rng=jax.random.key(0))
+  for bad, message in [(dict(mode='sample', temperature=-1.0), 'temperature must be'),
+                       (dict(mode='sample', temperature=float('nan')), 'temperature must be'),
+                       (dict(mode='sample', top_k=-5), 'top_k must be >= 0, got -5'),
+                       (dict(mode='sample', top_k=M_V + 1), f'top_k={M_V + 1} is larger than'),
+                       (dict(mode='beam', beam_size=0), 'beam_size must be >= 1, got 0'),
+                       (dict(mode='beam', alpha=-0.5), 'alpha must be'),
+                       (dict(mode='greedy', max_extra_len=-3), 'max_extra_len must be >= 0')]:
+    with pytest.raises(ValueError, match=message):
+      decode.encode_and_decode(**{**kw, **bad})
+  too_long = jnp.asarray(sources([17], 17))  # max_len=16 positions.
+  with pytest.raises(ValueError, match='17 tokens is longer than config.model.max_len=16'):
+    decode.encode_and_decode(**{**kw, 'inputs_BxS': too_long})

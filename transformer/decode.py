@@ -15,6 +15,24 @@ from transformer.search import beam_search, gather_beams, greedy_search, sample 
 Array = jax.Array
 
 
+def check_settings(mode, beam_size=4, alpha=0.6, max_extra_len=50, compact=0,
+                   temperature=1.0, top_k=0):
+  """A ValueError naming the first search setting out of range. Values that are
+  traced (alpha, temperature under jit) are not checked."""
+  number = lambda x: isinstance(x, (int, float))
+  if mode not in DECODE_MODES:
+    raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
+  for name, value, low in (("beam_size", beam_size, 1), ("max_extra_len", max_extra_len, 0),
+                           ("compact", compact, 0), ("top_k", top_k, 0)):
+    if int(value) < low:
+      raise ValueError(f"{name} must be >= {low}, got {value}")
+  if number(alpha) and not 0 <= alpha < float("inf"):
+    raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+  if number(temperature) and not 0 <= temperature < float("inf"):
+    raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), "
+                     f"got {temperature}")
+
+
 class DecodingModel:
   """What decoding needs from a model; transformer.model.TransformerDecoding is one.
 
@@ -88,8 +106,7 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   width S. `eos_id` defaults to the model's. `compact` (beam mode, static): how
   many times beam search may halve its batch as items finish (search.beam_search).
   """
-  if mode not in DECODE_MODES:
-    raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
+  check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k)
   if mode == 'sample' and rng is None:
     raise ValueError("mode='sample' needs rng")
   B, S = inputs_BxS.shape

@@ -11,7 +11,6 @@ import numpy as np
 from transformer import data as data_lib
 from transformer import decode, sharding, state as state_lib
 from transformer import metrics as metrics_lib
-from transformer.config import DECODE_MODES
 
 # Compiled decoders by (settings, batch shape, parameter layout). jax.jit would also
 # cache, but compiling ahead of time lets us report compile and decode time apart,
@@ -32,17 +31,7 @@ def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None,
   return {k: saved[k] if v is None else v for k, v in given.items()}
 
 
-def check_settings(mode, beam_size, alpha, max_extra_len, compact=0):
-  if mode not in DECODE_MODES:
-    raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
-  if int(beam_size) < 1:
-    raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-  if float(alpha) < 0:
-    raise ValueError(f"alpha must be >= 0, got {alpha}")
-  if int(max_extra_len) < 0:
-    raise ValueError(f"max_extra_len must be >= 0, got {max_extra_len}")
-  if int(compact) < 0:
-    raise ValueError(f"compact must be >= 0, got {compact}")
+check_settings = decode.check_settings  # Checked before any work, then by each decode.
 
 
 def batches_at_once(config, mesh, requested=None) -> int:
@@ -101,7 +90,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   `concurrent_batches`: batches decoded at once (see batches_at_once); every
   program is compiled before the first batch runs.
   """
-  check_settings(mode, beam_size, alpha, max_extra_len, compact)
+  check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k)
   workers = batches_at_once(config, mesh, concurrent_batches)  # A bad value fails first.
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),

@@ -144,6 +144,8 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
 
   def choose_fn(logits_NxV, t):
     logits_NxV = logits_NxV.astype(jnp.float32)
+    if top_k > logits_NxV.shape[-1]:
+      raise ValueError(f"top_k={top_k} is larger than the vocabulary ({logits_NxV.shape[-1]})")
     if top_k > 0:
       kth_Nx1 = jax.lax.top_k(logits_NxV, top_k)[0][:, -1:]
       logits_NxV = jnp.where(logits_NxV < kth_Nx1, NEG_INF, logits_NxV)
