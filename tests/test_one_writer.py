@@ -97,6 +97,54 @@ def test_without_flock_the_recorded_pid_decides(tmp_path, monkeypatch):
     lock.WorkdirLock(workdir, "train").acquire()
 
 
+def test_without_flock_a_stale_lock_is_taken_over_by_one_process_only(tmp_path, monkeypatch):
+  """Two writers find the lock of a dead process; B is held up right after
+  reading it, A takes the lock over meanwhile. B, resuming, must not remove A's
+  live lock as if it were the stale one: it stops, naming A."""
+  import threading  # pylint: disable=g-import-not-at-top
+  def no_flock(fd, operation):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+  monkeypatch.setattr(lock.fcntl, "flock", no_flock)
+  workdir = str(tmp_path / "w")
+  os.makedirs(workdir)
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True)
+  with open(os.path.join(workdir, lock.LOCK_NAME), "w") as f:
+    json.dump({"host": lock.socket.gethostname(), "pid": int(dead.stdout), "command": "dead",
+               "time": 0}, f)
+  read_owner, b_read, a_holds = lock._read_owner, threading.Event(), threading.Event()  # pylint: disable=protected-access
+
+  def held_up_after_reading(path):
+    owner = read_owner(path)
+    if threading.current_thread().name == "B" and not b_read.is_set():
+      b_read.set()
+      assert a_holds.wait(timeout=60)
+    return owner
+
+  monkeypatch.setattr(lock, "_read_owner", held_up_after_reading)
+  outcome = {}
+
+  def b():
+    try:
+      outcome["B"] = lock.WorkdirLock(workdir, "B").acquire()
+    except lock.WorkdirBusyError as e:
+      outcome["B"] = e
+
+  thread = threading.Thread(target=b, name="B")
+  thread.start()
+  assert b_read.wait(timeout=60)
+  held = lock.WorkdirLock(workdir, "A").acquire()
+  a_holds.set()
+  thread.join(timeout=60)
+  assert isinstance(outcome["B"], lock.WorkdirBusyError), outcome
+  assert "is being written by A (pid" in str(outcome["B"])
+  assert json.load(open(os.path.join(workdir, lock.LOCK_NAME)))["command"] == "A"
+  assert os.listdir(workdir) == [lock.LOCK_NAME]  # Nothing moved aside is left.
+  held.release()
+  assert not os.listdir(workdir)
+
+
 # ----------------------------------------------------------------------------
 # The config a resume may change.
 

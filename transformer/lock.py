@@ -11,7 +11,10 @@ removes the file.
 
 Where the filesystem cannot flock (some network filesystems), the recorded pid
 is checked instead: a lock whose pid is dead on this host is stale; a lock of
-another host is never taken over (delete the file once that job is gone).
+another host is never taken over (delete the file once that job is gone). A
+stale lock is taken over by renaming it away and checking that the moved file
+is still the one judged stale: a process that took the lock over meanwhile
+keeps it.
 
 Holding the lock, a writer removes the temporaries that dead writers left
 (files.remove_dead_temporaries): no other writer can be using them.
@@ -24,6 +27,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 
 from absl import logging
@@ -148,16 +152,43 @@ class WorkdirLock:
         if (not owner or owner.get("host") != socket.gethostname()
             or _pid_alive(owner.get("pid", -1), owner.get("start"))):
           raise self._busy(owner) from None
-        logging.warning("Took over the lock of workdir %s from %s, which is no longer "
-                        "running.", self.workdir, describe(owner))
-        with contextlib.suppress(FileNotFoundError):
-          os.remove(self.path)
+        self._take_over(owner)
         continue
       os.write(fd, json.dumps(self._record()).encode())
       self._fd = fd
       files.remove_dead_temporaries(self.workdir)
       return self
     raise self._busy(_read_owner(self.path))
+
+  def _take_over(self, stale) -> None:
+    """Removes the lock file whose owner record `stale` was judged dead. Another
+    process may have taken the lock over since it was read, and removing the path
+    would then remove that live lock: so the file is first renamed to a name of
+    this process and thread (atomic: of two processes, one gets it), and removed
+    only if it still holds `stale`; otherwise it goes back (os.link never
+    replaces a file), and the lock is busy."""
+    moved = f"{self.path}.{threading.get_ident()}{files.TMP_INFIX}{os.getpid()}"
+    try:
+      os.rename(self.path, moved)
+    except FileNotFoundError:  # Another process removed it first.
+      return
+    owner = _read_owner(moved)
+    if owner == stale:
+      logging.warning("Took over the lock of workdir %s from %s, which is no longer "
+                      "running.", self.workdir, describe(stale))
+      os.remove(moved)
+      return
+    try:
+      os.link(moved, self.path)
+    except FileExistsError:  # A third process has locked it since: that one holds it.
+      owner = _read_owner(self.path)
+    except OSError:  # No hard links on this filesystem: a rename, checked just before.
+      if not os.path.lexists(self.path):
+        os.rename(moved, self.path)
+    finally:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(moved)
+    raise self._busy(owner)
 
   def release(self) -> None:
     """Removes the file (a clean exit leaves nothing to take over) and unlocks."""
