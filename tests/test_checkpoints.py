@@ -1,11 +1,20 @@
-"""Tests for transformer/checkpoints.py's array checksums (the save/restore paths
-are tested end to end in test_training.py, test_faults.py and test_evaluate.py)."""
+"""Tests for transformer/checkpoints.py: the array checksums, and the Checkpointer
+on a tiny state (unreadable checkpoints set aside, the best checkpoints). The
+save/restore paths are tested end to end in test_training.py, test_faults.py
+and test_evaluate.py."""
 
+import json
+import logging
+import os
+import re
+import shutil
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import checkpoints
+from transformer import checkpoints, runtime
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.int32, np.uint32, np.int8,
@@ -33,3 +42,165 @@ def test_any_flipped_bit_or_swapped_pair_changes_the_checksum(dtype):
 def test_checksums_name_every_leaf_by_its_path():
   tree = {"params": {"w": np.ones((2, 2), np.float32)}, "step": np.int32(3)}
   assert sorted(checkpoints.fingerprints(tree)) == ["['params']['w']", "['step']"]
+
+
+def test_swapped_values_and_two_flipped_signs_change_the_checksum():
+  """Algorithm 1's terms were linear in the words: these swaps and sign flips
+  cancelled out in it."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal(1000).astype(np.float32)
+  y = x.copy()
+  y[[17, 802]] = -y[[17, 802]]
+  pairs = [([1.0, -1.0, 3.0, 0.25], [-1.0, 1.0, 3.0, 0.25]),
+           ([0.5, 2.0, -0.5], [-0.5, 2.0, 0.5]), (x, y)]
+  for a, b in pairs:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert checkpoints.fingerprints({"x": a}, 1) == checkpoints.fingerprints({"x": b}, 1)
+    assert checkpoints.fingerprints({"x": a}) != checkpoints.fingerprints({"x": b})
+
+
+# ----------------------------------------------------------------------------
+# Checkpointer on a tiny state: {"w": [4] float32, "step": int32}.
+
+def _state(value):
+  return {"w": jnp.full((4,), float(value)), "step": jnp.int32(value)}
+
+
+def _restore(directory, step=None, **kwargs):
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return checkpoints.Checkpointer(str(directory), **kwargs).restore(
+      _state(0), {"w": sharding, "step": sharding}, step)
+
+
+def _saved(directory, steps, **kwargs):
+  checkpointer = checkpoints.Checkpointer(str(directory), **kwargs)
+  for step in steps:
+    checkpointer.save(step, _state(step), {"index": step})
+  checkpointer.close()
+
+
+def test_a_checkpoint_of_the_first_checksum_algorithm_still_verifies(tmp_path, monkeypatch):
+  """Checkpoints written before algorithm 2 carry algorithm 1's checksums and
+  no algorithm: they verify with algorithm 1, which still catches a change."""
+  checksums = checkpoints._checksums  # pylint: disable=protected-access
+
+  def first_algorithm(state, data_state):
+    old = checksums(state, data_state, 1)
+    del old["algorithm"]
+    return old
+
+  with monkeypatch.context() as m:
+    m.setattr(checkpoints, "_checksums", first_algorithm)
+    _saved(tmp_path / "c", [1])
+  saved = tmp_path / "c" / "1" / "checksums" / "metadata"
+  record = json.loads(saved.read_text())
+  assert "algorithm" not in record
+  assert _restore(tmp_path / "c", 1, read_only=True)[2] == 1
+  record["state"]["['w']"] ^= 1  # As if the array had changed.
+  saved.write_text(json.dumps(record))
+  with pytest.raises(checkpoints.UnreadableCheckpointError,
+                     match=r"checkpoint 1 .* checksum mismatch in \['w'\]"):
+    _restore(tmp_path / "c", 1, read_only=True)
+
+
+def test_a_step_unreadable_twice_is_set_aside_under_a_new_name(tmp_path):
+  """Step 20 damaged, set aside, saved again and damaged again: the second goes
+  to 20.unreadable.1, and step 15 restores both times."""
+  directory = tmp_path / "c"
+  _saved(directory, [10, 15, 20])
+  for aside in (["20.unreadable"], ["20.unreadable", "20.unreadable.1"]):
+    shutil.rmtree(directory / "20" / "state")
+    assert _restore(directory)[2] == 15
+    assert sorted(os.listdir(directory)) == ["10", "15"] + aside
+    _saved(directory, [20])
+
+
+def test_a_failed_set_aside_is_not_blamed_on_the_older_checkpoints(tmp_path, monkeypatch):
+  directory = tmp_path / "c"
+  _saved(directory, [10, 20])
+  shutil.rmtree(directory / "20" / "state")
+
+  def refuse(src, dst):
+    raise PermissionError(13, "Permission denied", src)
+
+  monkeypatch.setattr(checkpoints.os, "rename", refuse)
+  with pytest.raises(runtime.CommandError) as raised:
+    _restore(directory)
+  message = str(raised.value)
+  assert re.fullmatch(r"checkpoint 20 in .* is unreadable and could not be moved aside: "
+                      r"\[Errno 13\] Permission denied: .*\. Move it out of that directory and "
+                      r"rerun \(an older checkpoint restores\)\.", message), message
+
+
+def test_only_process_0_sets_unreadable_checkpoints_aside(tmp_path, monkeypatch):
+  """Every process of a job restores; the renames are process 0's (a second
+  rename of the same directory would fail)."""
+  directory = tmp_path / "c"
+  _saved(directory, [10, 20])
+  shutil.rmtree(directory / "20" / "state")
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  assert _restore(directory)[2] == 10
+  assert sorted(os.listdir(directory)) == ["10", "20"]
+
+
+def _best(directory):
+  return checkpoints.Checkpointer(str(directory), keep=1, best_metric="bleu")
+
+
+def _save_best(directory, step, bleu):
+  best = _best(directory)
+  best.save(step, _state(step * 100 + bleu), {"index": step}, metrics={"bleu": bleu})
+  best.close()
+
+
+@pytest.mark.parametrize("step", [12, 15])
+def test_a_better_result_replaces_the_best_checkpoint_at_an_earlier_or_the_same_step(
+    tmp_path, step):
+  """After a resume from before the kept best (step 15), a better decode at an
+  earlier or the same step replaces it (Orbax alone skips both)."""
+  _save_best(tmp_path / "b", 15, 1)
+  _save_best(tmp_path / "b", step, 2)
+  assert os.listdir(tmp_path / "b") == [str(step)]
+  assert _best(tmp_path / "b").best_value("bleu") == 2
+  assert float(_restore(tmp_path / "b", read_only=True)[0]["w"][0]) == step * 100 + 2
+
+
+def test_a_failed_replacement_of_the_best_checkpoint_keeps_the_old_one(tmp_path, monkeypatch):
+  """The same step saved again fails: the kept one is put back, and the message
+  names it and where a rerun resumes from. A run killed while replacing it
+  leaves it moved aside: the next writer puts it back."""
+  _save_best(tmp_path / "b", 15, 1)
+  best = _best(tmp_path / "b")
+
+  def refuse(*args, **kwargs):
+    raise PermissionError(13, "Permission denied", str(tmp_path / "b" / "15"))
+
+  monkeypatch.setattr(best._manager, "save", refuse)  # pylint: disable=protected-access
+  with pytest.raises(checkpoints.CheckpointSaveError,
+                     match=r"^best checkpoint 15 could not be written to .*/b: \[Errno 13\] "
+                     r"Permission denied: .*\. Training stopped; the best checkpoint kept is step "
+                     r"15, and a rerun resumes from the last regular checkpoint\.$"):
+    best.save(15, _state(1502), {"index": 15}, metrics={"bleu": 2})
+  best.close()
+  assert os.listdir(tmp_path / "b") == ["15"]
+  assert _best(tmp_path / "b").best_value("bleu") == 1
+  os.rename(tmp_path / "b" / "15", tmp_path / "b" / "15.replaced")  # Killed there.
+  assert _best(tmp_path / "b").best_value("bleu") == 1
+  assert os.listdir(tmp_path / "b") == ["15"]
+
+
+def test_a_best_checkpoint_with_damaged_metrics_is_set_aside_with_a_warning(tmp_path, caplog):
+  """Orbax reads every step's metrics when it opens the directory: an empty
+  metrics file stopped every resume with a JSONDecodeError. A reader (evaluate
+  --checkpoint best) does not need them."""
+  _save_best(tmp_path / "b", 5, 1)
+  (tmp_path / "b" / "5" / "metrics" / "metrics").write_text("")
+  assert _restore(tmp_path / "b", read_only=True)[2] == 5
+  with caplog.at_level(logging.WARNING):
+    best = _best(tmp_path / "b")
+  assert re.search(r"Best checkpoint 5 in .*/b has unreadable metrics \(JSONDecodeError: "
+                   r"Expecting value.*\); moved it to .*/b/5\.unreadable\.", caplog.text)
+  assert best.best_value("bleu") is None and best.steps() == []
+  best.save(10, _state(10), {"index": 10}, metrics={"bleu": 0.5})
+  best.close()
+  assert sorted(os.listdir(tmp_path / "b")) == ["10", "5.unreadable"]

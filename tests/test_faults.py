@@ -126,6 +126,29 @@ def test_a_failed_save_stops_training_and_keeps_the_last_good_checkpoint(tmp_pat
   ph.assert_same_state(ph.restore_final(workdir), ph.restore_final(reference()[3], 5))
 
 
+def test_failed_saves_at_close_close_everything_and_report_the_first(tmp_path, tfds_dir):
+  """Step 5 is the last, decoded and saved as the first 'best' checkpoint; both
+  saves fail in the background, so both surface at close. The checkpointer's
+  error is the one line; the best checkpointer is still closed (its failure
+  logged, what its save wrote removed), and nothing is left behind."""
+  workdir, log = str(tmp_path / "w"), str(tmp_path / "log")
+  process = ph.start_train(workdir, tfds_dir, log, "--config.train.num_steps=5",
+                           "--config.train.decode_every=5", "--config.train.decode_examples=20",
+                           script=FAULT_TRAIN, env=ph.command_env(FAULT_SAVE_ERROR_STEP="5"))
+  assert process.wait(timeout=600) == 1, ph.read(log)[-4000:]
+  text = ph.read(log)
+  last = text.strip().splitlines()[-1]
+  assert re.fullmatch(
+      r"train: error: checkpoint 5 could not be written to .*/checkpoints: \[Errno 28\] No "
+      r"space left on device: .*\. Training stopped; there is no earlier checkpoint\.", last), last
+  assert re.search(
+      r"Also failed while closing: CheckpointSaveError: best checkpoint 5 could not be written "
+      r"to .*/checkpoints_best: \[Errno 28\] .*Training stopped; there is no best checkpoint "
+      r"yet, and a rerun resumes from the last regular checkpoint\.", text)
+  assert not chaos.temporaries(workdir)
+  assert not os.listdir(os.path.join(workdir, "checkpoints_best"))
+
+
 def test_a_save_refused_at_once_names_the_step_and_the_last_good_one(tmp_path, monkeypatch):
   """The synchronous path: Orbax's save itself raises (permission denied)."""
   import errno  # pylint: disable=g-import-not-at-top

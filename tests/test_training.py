@@ -17,6 +17,7 @@ import pytest
 from tests import process_helpers
 from tests.helpers import tiny_experiment
 from transformer import checkpoints, sharding, state as state_lib, training
+from transformer import workdir as workdir_lib
 
 # Adam's first update is g / (|g| + eps). With the paper's eps = 1e-9 it turns
 # round-off in gradients that are mathematically zero (the key projection's bias:
@@ -141,6 +142,20 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, da
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
 
 
+def test_nan_before_any_checkpoint_says_there_is_none():
+  class NoCheckpoints:
+    directory = "w/checkpoints"
+
+    def latest_step(self):
+      return None
+
+  finite = {"loss": 1.0, "grad_norm": 1.0, "update_norm": 1.0, "param_norm": 1.0}
+  with pytest.raises(FloatingPointError, match=r"^training loss is nan at step 3; stopping\. "
+                     r"There is no checkpoint yet in w/checkpoints \(lower"):
+    training._check_finite(3, [finite, finite, {**finite, "loss": float("nan")}],  # pylint: disable=protected-access
+                           NoCheckpoints())
+
+
 def test_update_that_blows_up_parameters_is_never_saved(tmp_path, data_dir, monkeypatch):
   """The loss is computed before a step's update: an update that makes the
   parameters infinite at a checkpoint (and decode) step has a finite loss. The
@@ -237,6 +252,32 @@ def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp
   training.train_and_evaluate(config, workdir)  # Resumes from 10, not from scratch.
   assert restore_params(workdir, config)[2] == 12
   assert os.path.isdir(os.path.join(ckpt, "20.unreadable"))  # Set aside, not deleted.
+
+
+def test_resume_on_another_data_parallel_size_stops_naming_both(tmp_path, data_dir,
+                                                                 monkeypatch):
+  """The saved data position is a batch index into batches whose rows are a
+  multiple of the data-parallel size; on another size it would point into other
+  batches (examples skipped and repeated). The checkpoint records the size; a
+  resume on another stops before training, naming both, unless the position is
+  an epoch's start. (Two data-parallel devices are stood in for on one.)"""
+  workdir = str(tmp_path / "w")
+  config = tiny_experiment(data_dir, num_steps=10, eval_every=100)
+  training.train_and_evaluate(config, workdir)
+  _, data_state, _ = restore_params(workdir, config)
+  assert data_state["data_parallel"] == 1 and data_state["index"] == 10
+  monkeypatch.setattr(sharding, "data_size", lambda mesh: 2)
+  config.train.num_steps = 20
+  with pytest.raises(workdir_lib.ConfigMismatchError,
+                     match=r"checkpoint 10 in .*/checkpoints was saved with a data-parallel size "
+                     r"of 1 and this run's is 2 .*: its data position, batch 10 of epoch 0, "
+                     r"would point into batches of another size"):
+    training.train_and_evaluate(config, workdir)
+  assert restore_params(workdir, config)[2] == 10  # Nothing written.
+  resume = training._resume_position  # pylint: disable=protected-access
+  at_start = {"epoch": 3, "index": 0, "num_examples": 9}
+  assert resume({**at_start, "data_parallel": 1}, 2, "c", 5) == at_start
+  assert resume({**at_start, "index": 4}, 2, "c", 5) == {**at_start, "index": 4}  # Older.
 
 
 # Orbax's own restore (no target) reads the shardings from the checkpoint, and says so.

@@ -3,21 +3,33 @@
 Orbax writes each step into a temporary directory and renames it when complete,
 so a run killed while saving resumes from the last complete checkpoint. A
 checkpoint that is present but unreadable is skipped with a warning in favour of
-the next older one; a training run then renames it to <step>.unreadable (kept,
-not deleted) so that it can save that step again.
+the next older one; a training run then renames it to <step>.unreadable (or
+<step>.unreadable.1, ... where that name is taken; kept, not deleted) so that it
+can save that step again.
 
 Each checkpoint also holds a checksum of every array of the state
 (`fingerprints`) and of the data iterator's position, checked when it is
 restored: damaged bytes in a data file that still decompress (as zstd does, into
 different numbers) would otherwise restore without an error, and training would
-go on from them. A mismatch makes the checkpoint unreadable, as above.
-Checkpoints written before the checksums existed restore unchecked.
+go on from them. A mismatch makes the checkpoint unreadable, as above. The
+checksums record the algorithm that made them, so checkpoints of an older
+algorithm are checked with that one; checkpoints written before the checksums
+existed restore unchecked.
+
+The best checkpoints (`best_metric`) keep the highest values of a metric,
+whatever their steps: a run resumed from before the kept best (after a stop on
+non-finite values, say) saves a better result at an earlier or the same step,
+and it replaces the kept one. A best checkpoint whose saved metrics cannot be
+read is named in a warning and set aside as above.
 
 A save that fails (a full disk, a denied permission; Orbax writes in the
 background, so the error may surface at the next save or at close) raises
 CheckpointSaveError naming the step, the reason and the last good checkpoint;
 close() then removes what the failed save had written. Training stops there,
-and a rerun resumes from that last good checkpoint.
+and a rerun resumes from the last good regular checkpoint.
+
+In a multi-process job every process runs the same calls; process 0 alone
+moves checkpoint directories aside (and back), and the others wait for it.
 """
 
 import glob
@@ -28,11 +40,19 @@ import threading
 import zlib
 
 from absl import logging
+from etils import epath
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from transformer import runtime
+from transformer import distributed, runtime
+
+# What a save records beside its checksums: the algorithm that computed them.
+# Checksums without it were computed by algorithm 1.
+CHECKSUM_ALGORITHM = 2
+UNREADABLE_SUFFIX = ".unreadable"
+REPLACED_SUFFIX = ".replaced"  # A best checkpoint moved aside while its step is saved again.
+_METRICS = ocp.checkpoint_manager.METRIC_ITEM_NAME  # The item (and file) of a step's metrics.
 
 
 class CheckpointSaveError(runtime.CommandError):
@@ -48,41 +68,74 @@ def _first_line(error: Exception) -> str:
   return f"{type(error).__name__}: {runtime.first_line(error)}"
 
 
-def _checksum(x):
-  """A uint32 checksum of an array's bits: sum_i w_i * odd_i mod 2^32 over its
-  32-bit (or narrower, zero-extended) words w_i. The multipliers odd_i are odd,
-  so a change to any one word always changes the sum; words moved or changed
-  together go unnoticed with probability ~2^-32."""
+def _words(x):
+  """An array's bits as a flat uint32 vector: its 32-bit (or narrower,
+  zero-extended) words; an 8-byte value gives two."""
   if x.dtype == jnp.bool_:
     words = x.astype(jnp.uint32)
   else:
     unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
     words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)  # 8 bytes: [..., 2].
-  words = words.reshape(-1)
-  odd = jnp.arange(words.size, dtype=jnp.uint32) * 2 + 1
-  return jnp.sum(words * (odd * jnp.uint32(0x9E3779B1)), dtype=jnp.uint32)
+  return words.reshape(-1)
 
 
-_checksum_all = jax.jit(lambda leaves: [_checksum(x) for x in leaves])
+def _fmix32(h):
+  """MurmurHash3's finalizer: a bijection of uint32 in which every output bit
+  depends on every input bit."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
 
 
-def fingerprints(tree) -> dict:
+def _checksum(x, algorithm=CHECKSUM_ALGORITHM):
+  """A uint32 checksum of an array's words w_i, summed mod 2^32.
+
+  Algorithm 2: sum_i fmix32(w_i + i * G), G odd. For each i the term is a
+  bijection of w_i, so a change to any one word always changes the sum. Any
+  other change (two values swapped, two signs flipped, many words) changes it
+  except with a probability of about 2^-32: the terms are hashes of the word and
+  its index, and a swap can never just exchange two terms (that needs indices
+  2^31 words apart).
+
+  Algorithm 1 (checkpoints written before algorithm 2): sum_i w_i * (2i+1) * G.
+  A change to one word always shows, but the terms are linear in the words, so
+  some swaps and pairs of sign flips cancel out; it is kept to check those
+  checkpoints."""
+  words = _words(x)
+  index = jnp.arange(words.size, dtype=jnp.uint32)
+  golden = jnp.uint32(0x9E3779B1)
+  if algorithm == 1:
+    return jnp.sum(words * ((index * 2 + 1) * golden), dtype=jnp.uint32)
+  if algorithm == 2:
+    return jnp.sum(_fmix32(words + index * golden), dtype=jnp.uint32)
+  raise ValueError(f"unknown checksum algorithm {algorithm!r} (this code knows 1 and "
+                   f"{CHECKSUM_ALGORITHM})")
+
+
+_checksum_all = jax.jit(lambda leaves, algorithm: [_checksum(x, algorithm) for x in leaves],
+                        static_argnums=1)
+
+
+def fingerprints(tree, algorithm=CHECKSUM_ALGORITHM) -> dict:
   """{key path: checksum} of every array in `tree`, computed where the arrays are."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  sums = jax.device_get(_checksum_all([x for _, x in leaves]))
+  sums = jax.device_get(_checksum_all([x for _, x in leaves], algorithm))
   return {jax.tree_util.keystr(path): int(v) for (path, _), v in zip(leaves, sums)}
 
 
-def _checksums(state, data_state) -> dict:
-  """What a checkpoint stores to check itself by: the state's fingerprints and a
-  CRC-32 of the data iterator's position (JSON, read back as written)."""
-  return {"state": fingerprints(state),
+def _checksums(state, data_state, algorithm=CHECKSUM_ALGORITHM) -> dict:
+  """What a checkpoint stores to check itself by: the state's fingerprints (and
+  the algorithm that made them) and a CRC-32 of the data iterator's position
+  (JSON, read back as written)."""
+  return {"algorithm": algorithm, "state": fingerprints(state, algorithm),
           "data": zlib.crc32(json.dumps(data_state, sort_keys=True).encode())}
 
 
 def _check(state, data_state, saved: dict) -> None:
   """ValueError naming what differs from the checksums saved with a checkpoint."""
-  got = _checksums(state, data_state)
+  got = _checksums(state, data_state, saved.get("algorithm", 1))
   bad = [k for k in sorted(set(got["state"]) | set(saved["state"]))
          if got["state"].get(k) != saved["state"].get(k)]
   if got["data"] != saved["data"]:
@@ -107,6 +160,15 @@ def _abstract(tree, shardings):
                       tree, shardings)
 
 
+def _free_name(path: str) -> str:
+  """`path`, or `path.1`, `path.2`, ...: the first name not taken."""
+  name, n = path, 0
+  while os.path.lexists(name):
+    n += 1
+    name = f"{path}.{n}"
+  return name
+
+
 class Checkpointer:
   """Saves and restores {state, data iterator state} under `directory`."""
 
@@ -116,20 +178,30 @@ class Checkpointer:
     with the highest value of that metric are kept."""
     self.directory = os.path.abspath(directory)
     self._read_only = read_only
+    self._best_metric = best_metric
+    self._replaced = None  # (step, where it was moved): a best checkpoint being replaced.
     if read_only and not os.path.isdir(self.directory):
       raise FileNotFoundError(f"no checkpoints at {self.directory}")
     best = {}
     if best_metric:
       best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
                   keep_checkpoints_without_metrics=False)
+      if not read_only:
+        # Orbax reads every step's metrics when it opens the directory, and one
+        # damaged file would stop it there.
+        if jax.process_index() == 0:
+          self._recover_replaced()
+          self._set_aside_unreadable_metrics()
+        distributed.barrier("checkpoints: best checkpoints checked")
     # Read-only: no saving interval and nothing to keep, which Orbax would
-    # otherwise warn about on every restore.
+    # otherwise warn about on every restore; nor the metrics of every step,
+    # which a restore does not need.
     # A writer (which holds the workdir's lock) removes the temporary directories
     # of saves that a kill interrupted; a reader leaves them alone.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
         create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
-        **best)
+        lightweight_initialize=read_only, **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=("state", "data", "checksums"))
     self._pending = None  # The step being written in the background.
@@ -143,15 +215,28 @@ class Checkpointer:
 
   def save(self, step: int, state, data_state: dict, metrics=None) -> None:
     """Starts writing `step` (in the background); first waits for the previous
-    save, raising CheckpointSaveError if it failed."""
+    save, raising CheckpointSaveError if it failed.
+
+    With `best_metric` the caller saves only results better than the kept ones,
+    and each is written whatever its step: Orbax's `force` lifts its rule of
+    saving only after its latest step (its `keep` best then stay), and a kept
+    checkpoint of the same step is moved aside until the new one is complete."""
     self._wait()
+    step = int(step)
     try:
-      self._manager.save(int(step), metrics=metrics, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state),
-          checksums=ocp.args.JsonSave(_checksums(state, data_state))))
+      if self._best_metric and step in self.steps():
+        if jax.process_index() == 0:
+          self._replaced = (step, self._move_aside(step, REPLACED_SUFFIX))
+        distributed.barrier("checkpoints: best checkpoint moved aside")
+        self._manager.reload()
+      self._manager.save(step, metrics=metrics, force=bool(self._best_metric),
+                         args=ocp.args.Composite(
+                             state=ocp.args.StandardSave(state),
+                             data=ocp.args.JsonSave(data_state),
+                             checksums=ocp.args.JsonSave(_checksums(state, data_state))))
     except Exception as e:  # pylint: disable=broad-except
-      raise self._save_error(int(step), e) from e
-    self._pending = int(step)
+      raise self._save_error(step, e) from e
+    self._pending = step
 
   def _wait(self) -> None:
     """Waits for the save in flight; CheckpointSaveError if it failed (Orbax
@@ -163,14 +248,35 @@ class Checkpointer:
       raise self._save_error(pending, e) from e
     if pending is not None and not os.path.isdir(os.path.join(self.directory, str(pending))):
       raise self._save_error(pending, "it was not completed (Orbax's log above says why)")
+    self._settle_replaced()
 
   def _save_error(self, step, error) -> CheckpointSaveError:
     self._failed = True
+    try:
+      self._settle_replaced()  # The kept best goes back where the new one failed.
+    except OSError as e:  # The next writer puts it back (_recover_replaced).
+      logging.warning("Could not put back the replaced best checkpoint: %s", e)
+    if self._best_metric:
+      # Training resumes from its regular checkpoints, never from these.
+      kept = complete_steps(self.directory)
+      last = (f"the best checkpoint kept is step {max(kept, key=self._value)}, and a rerun "
+              "resumes from the last regular checkpoint" if kept
+              else "there is no best checkpoint yet, and a rerun resumes from the last "
+              "regular checkpoint")
+      return CheckpointSaveError(f"best checkpoint {step} could not be written to "
+                                 f"{self.directory}: {error}. Training stopped; {last}.")
     good = [n for n in complete_steps(self.directory) if n != step]
     last = (f"the last good checkpoint is step {max(good)}, which a rerun resumes from"
             if good else "there is no earlier checkpoint")
     return CheckpointSaveError(f"checkpoint {step} could not be written to {self.directory}: "
                                f"{error}. Training stopped; {last}.")
+
+  def _value(self, step):
+    """The saved value of the best metric at `step` (-inf where unreadable)."""
+    try:
+      return float(self._read_metrics(step)[self._best_metric])
+    except Exception:  # pylint: disable=broad-except
+      return float("-inf")
 
   def best_value(self, metric: str):
     """The best saved value of `metric` (None before the first save)."""
@@ -178,6 +284,64 @@ class Checkpointer:
     if step is None:
       return None
     return self._manager.metrics(step)[metric]
+
+  def _read_metrics(self, step):
+    """The metrics saved with `step`, read as Orbax reads them."""
+    return ocp.JsonCheckpointHandler(filename=_METRICS).restore(
+        epath.Path(self.directory) / str(step) / _METRICS)
+
+  def _set_aside_unreadable_metrics(self) -> None:
+    """Sets aside (as unreadable) the best checkpoints whose metrics cannot be
+    read or hold no number for the metric. A step without metrics is left to
+    Orbax, which reads it as having none and drops it at the next save."""
+    for step in complete_steps(self.directory):
+      try:
+        value = self._read_metrics(step)[self._best_metric]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+          raise ValueError(f"{self._best_metric} is {value!r}, not a number")
+      except FileNotFoundError:
+        continue
+      except Exception as e:  # pylint: disable=broad-except
+        moved = self._move_aside(step, UNREADABLE_SUFFIX)
+        logging.warning("Best checkpoint %d in %s has unreadable metrics (%s); moved it to "
+                        "%s.", step, self.directory, _first_line(e), moved)
+
+  def _move_aside(self, step, suffix) -> str:
+    """Renames `step`'s directory to <step><suffix> (or <step><suffix>.1, ...),
+    a name Orbax does not take for a step; returns the new path."""
+    path = os.path.join(self.directory, str(step))
+    moved = _free_name(path + suffix)
+    os.rename(path, moved)
+    return moved
+
+  def _settle_replaced(self) -> None:
+    """After a save that replaced a kept best checkpoint of its step: removes the
+    old one if the new one is complete, else puts it back."""
+    if self._replaced is None:
+      return
+    (step, moved), self._replaced = self._replaced, None
+    self._settle(step, moved)
+    self._manager.reload()
+
+  def _settle(self, step, moved) -> None:
+    path = os.path.join(self.directory, str(step))
+    if os.path.isdir(path):
+      shutil.rmtree(moved, ignore_errors=True)
+    else:
+      os.rename(moved, path)
+      logging.warning("Put back best checkpoint %s: its replacement was not completed.", path)
+
+  def _recover_replaced(self) -> None:
+    """Settles what a run killed while replacing a best checkpoint left: the old
+    one moved aside, and the new one complete or not."""
+    if not os.path.isdir(self.directory):
+      return
+    for name in sorted(os.listdir(self.directory)):
+      step, _, rest = name.partition(".")
+      if step.isdigit() and f".{rest}".startswith(REPLACED_SUFFIX):
+        moved = os.path.join(self.directory, name)
+        if os.path.isdir(moved):
+          self._settle(int(step), moved)
 
   def restore(self, abstract_state, shardings, step=None):
     """(state, data_state, step) of `step`, or of the newest readable checkpoint.
@@ -200,11 +364,6 @@ class Checkpointer:
         restored = self._manager.restore(candidate, args=ocp.args.Composite(**items))
         if checked:
           _check(restored.state, restored.data, restored.checksums)
-        if errors:
-          logging.warning("Restored step %d after skipping unreadable checkpoints: %s",
-                          candidate, "; ".join(errors))
-          self._set_aside([s for s in candidates if s > candidate])
-        return restored.state, restored.data, candidate
       except Exception as e:  # pylint: disable=broad-except
         if step is not None:
           raise UnreadableCheckpointError(
@@ -213,6 +372,13 @@ class Checkpointer:
         errors.append(f"step {candidate}: {_first_line(e)}")
         logging.warning("Checkpoint step %d is unreadable (%s); trying an older one.",
                         candidate, _first_line(e))
+        continue
+      if errors:
+        logging.warning("Restored step %d after skipping unreadable checkpoints: %s",
+                        candidate, "; ".join(errors))
+        # Outside the `try`: a failure here is not the restored checkpoint's.
+        self._set_aside([s for s in candidates if s > candidate])
+      return restored.state, restored.data, candidate
     if errors:
       raise UnreadableCheckpointError(
           f"no readable checkpoint in {self.directory} (damaged or incomplete files; "
@@ -220,14 +386,24 @@ class Checkpointer:
     return None
 
   def _set_aside(self, steps) -> None:
-    """Renames unreadable checkpoints to <step>.unreadable (kept for inspection,
-    invisible to Orbax), so that training can save those step numbers again."""
+    """Renames unreadable checkpoints to <step>.unreadable (or .unreadable.1, ...
+    where a step was set aside before; kept for inspection, invisible to Orbax),
+    so that training can save those step numbers again. Process 0 renames; the
+    others, which found the same checkpoints unreadable, wait for it."""
     if self._read_only:
       return
-    for step in steps:
-      path = os.path.join(self.directory, str(step))
-      os.rename(path, f"{path}.unreadable")
-      logging.warning("Moved unreadable checkpoint %s to %s.unreadable", path, path)
+    if jax.process_index() == 0:
+      for step in steps:
+        try:
+          moved = self._move_aside(step, UNREADABLE_SUFFIX)
+        except OSError as e:
+          raise runtime.CommandError(
+              f"checkpoint {step} in {self.directory} is unreadable and could not be moved "
+              f"aside: {e}. Move it out of that directory and rerun (an older checkpoint "
+              "restores).") from e
+        logging.warning("Moved unreadable checkpoint %s to %s",
+                        os.path.join(self.directory, str(step)), moved)
+    distributed.barrier("checkpoints: unreadable checkpoints set aside")
     self._manager.reload()
 
   def wait(self) -> None:

@@ -206,11 +206,59 @@ def _check_finite(step, metrics_list, checkpointer):
     bad = [k for k in _FINITE_METRICS if not np.isfinite(m[k])]
     if bad:
       last = checkpointer.latest_step()
+      where = (f"The last good checkpoint is step {last} in {checkpointer.directory}"
+               if last is not None else
+               f"There is no checkpoint yet in {checkpointer.directory}")
       raise FloatingPointError(
           f"training {bad[0].replace('_', ' ')} is {m[bad[0]]} at step "
-          f"{step - len(metrics_list) + i + 1}; stopping. The last good checkpoint is step "
-          f"{last} in {checkpointer.directory} (lower optim.learning_rate_scale, or set "
-          "optim.grad_clip_norm in a new workdir: clipping changes the optimizer state).")
+          f"{step - len(metrics_list) + i + 1}; stopping. {where} (lower "
+          "optim.learning_rate_scale, or set optim.grad_clip_norm in a new workdir: "
+          "clipping changes the optimizer state).")
+
+
+# The data position a checkpoint saves also records the data-parallel size (the
+# mesh's data axis) it was saved on.
+DATA_PARALLEL = "data_parallel"
+
+
+def _resume_position(data_state, data_parallel, directory, step) -> dict:
+  """The data iterator's state to resume from `data_state`, saved at `step`.
+
+  The position is a batch index into the epoch's batches, whose rows are a
+  multiple of the data-parallel size: on another size it points into other
+  batches, and the rest of the epoch would skip some examples and repeat
+  others. So a resume on another size stops, naming both, unless the position is
+  at the start of an epoch, which every size reads alike. (Positions saved
+  before the size was recorded are taken as they are.)"""
+  state = dict(data_state)
+  saved = state.pop(DATA_PARALLEL, None)
+  if saved is not None and saved != data_parallel and state.get("index", 0) != 0:
+    raise workdir_lib.ConfigMismatchError(
+        f"checkpoint {step} in {directory} was saved with a data-parallel size of {saved} "
+        f"and this run's is {data_parallel} (the data axis of train.mesh, over this job's "
+        f"devices): its data position, batch {state['index']} of epoch {state.get('epoch')}, "
+        f"would point into batches of another size, skipping and repeating examples. "
+        f"Resume on a data axis of {saved} (train.mesh), or use a new --workdir.")
+  return state
+
+
+def _close_all(closers) -> None:
+  """Calls each of `closers` (None: not made) in turn, even after one fails, and
+  raises the first failure, logging the later ones. (An ExitStack would raise
+  the last one.)"""
+  first = None
+  for close in closers:
+    if close is None:
+      continue
+    try:
+      close()
+    except BaseException as e:  # pylint: disable=broad-except
+      if first is None:
+        first = e
+      else:
+        logging.error("Also failed while closing: %s: %s", type(e).__name__, e)
+  if first is not None:
+    raise first
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -242,29 +290,35 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       config, data.tokenizer.vocab_size, mesh)
   logging.info("Parameters: %s", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}")
 
-  checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                          keep=config.train.keep_checkpoints)
-  best_metric = metrics_lib.main_metric(config.data.dataset)
-  best = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints_best"), keep=1,
-                                  best_metric=best_metric)
-  decode_pairs = data.eval_pairs[:config.train.decode_examples or None]
-  decode_examples = data.eval_examples[:len(decode_pairs)]
-  decode_sources = [s for s, _ in decode_pairs]
-  decode_references = [t for _, t in decode_pairs]
-  restored = checkpointer.restore(abstract, shardings)
-  if restored is None:
-    state = state_lib.init_state(model, tx, config, shardings)
-  else:
-    state, data_state, step = restored
-    data.train_batches.set_state(data_state)
-    logging.info("Resumed from step %d.", step)
-  start = int(state.step)
-
-  train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
-  progress = _Progress(workdir, config.train.num_steps, start, config.train.log_every)
-  pending, eval_metrics = [], {}
-  signals = preemption.StopSignals().install()  # SIGTERM/SIGINT: save, then stop.
+  data_parallel = sharding.data_size(mesh)
+  checkpointer = best = progress = signals = None  # Closed at the end, as far as made.
   try:
+    checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
+                                            keep=config.train.keep_checkpoints)
+    best_metric = metrics_lib.main_metric(config.data.dataset)
+    best = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints_best"), keep=1,
+                                    best_metric=best_metric)
+    decode_pairs = data.eval_pairs[:config.train.decode_examples or None]
+    decode_examples = data.eval_examples[:len(decode_pairs)]
+    decode_sources = [s for s, _ in decode_pairs]
+    decode_references = [t for _, t in decode_pairs]
+    restored = checkpointer.restore(abstract, shardings)
+    if restored is None:
+      state = state_lib.init_state(model, tx, config, shardings)
+    else:
+      state, data_state, step = restored
+      data.train_batches.set_state(
+          _resume_position(data_state, data_parallel, checkpointer.directory, step))
+      logging.info("Resumed from step %d.", step)
+    start = int(state.step)
+
+    def position():  # The data position a checkpoint saves.
+      return {**data.train_batches.get_state(), DATA_PARALLEL: data_parallel}
+
+    train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
+    progress = _Progress(workdir, config.train.num_steps, start, config.train.log_every)
+    pending, eval_metrics = [], {}
+    signals = preemption.StopSignals().install()  # SIGTERM/SIGINT: save, then stop.
     for step in range(start + 1, config.train.num_steps + 1):
       waited = time.perf_counter()
       batch = sharding.place_batch(next(data.train_batches), mesh)
@@ -300,19 +354,17 @@ def _train_and_evaluate(config, workdir: str) -> dict:
         eval_metrics[best_metric] = decoded[best_metric]
         previous = best.best_value(best_metric)
         if previous is None or decoded[best_metric] > previous:
-          best.save(step, state, data.train_batches.get_state(),
+          best.save(step, state, position(),
                     metrics={best_metric: float(decoded[best_metric])})
       if saving:
-        checkpointer.save(step, state, data.train_batches.get_state())
+        checkpointer.save(step, state, position())
       if stopping:
         raise preemption.Preempted(signals.signum, step, checkpointer.directory)
   finally:
-    signals.restore()
     # A stop (non-finite values, Ctrl-C, an error) waits for the saves in flight,
-    # so that no half-written checkpoint is left behind.
-    checkpointer.close()
-    best.close()
-    progress.close()
-    if hasattr(data.train_batches, "close"):
-      data.train_batches.close()
+    # so that no half-written checkpoint is left behind; each is closed even when
+    # one before it failed (a save that failed in the background raises at close).
+    _close_all([getattr(signals, "restore", None), getattr(checkpointer, "close", None),
+                getattr(best, "close", None), getattr(progress, "close", None),
+                getattr(data.train_batches, "close", None)])
   return eval_metrics
