@@ -144,6 +144,13 @@ def test_table3_scales_with_its_base():
   errors = {v.name: v.error for v in small.variants if v.error}
   assert errors["A-h8"].startswith("config.model.num_heads=8: d_model=20 must be divisible")
   assert set(errors) == {"A-h8", "A-h16", "C-dmodel10"}
+  # On the RNN, the rows of fields it does not read are invalid, not its base again.
+  rnn = sweep_lib.resolve(path, base=os.path.join(ROOT, "configs", "rnn_scan.py"))
+  assert [v.name for v in rnn.valid] == ["base", "C-dmodel64", "C-dmodel256", "D-drop0",
+                                         "D-drop0.2", "D-ls0", "D-ls0.2"]
+  assert {v.name: v.error for v in rnn.variants}["E-learned"] == (
+      "config.model.positional: has no effect with model.architecture='rnn' "
+      "(a transformer field)")
   # The CPU subset names rows of its own base; on another base they are named, not dropped.
   cpu = os.path.join(ROOT, "configs", "sweeps", "table3_cpu.py")
   assert len(sweep_lib.resolve(cpu).variants) == 12

@@ -37,6 +37,14 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # ones, and rounds more: benchmarks/README.md).
 AUTO_DTYPE = {"gpu": "bfloat16", "cuda": "bfloat16", "rocm": "bfloat16", "tpu": "bfloat16"}
 ARCHITECTURES = ("transformer", "rnn")  # model.architecture; rnn: transformer/rnn.py.
+# The model fields that only one architecture reads: set on the other's base,
+# they would train that base model under another name (the sweep refuses them).
+ARCHITECTURE_ONLY_FIELDS = {
+    "transformer": ("num_heads", "d_k", "d_ff", "activation", "norm_position", "positional",
+                    "attention_score", "attention_impl", "attention_dropout",
+                    "attention_bias"),
+    "rnn": ("rnn_cell", "rnn_attention", "rnn_input_feeding"),
+}
 RNN_CELLS = ("gru", "lstm")
 RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
 

@@ -62,7 +62,7 @@ from ml_collections import config_flags
 
 from transformer import results
 from transformer import workdir as workdir_lib
-from transformer.config import check_config
+from transformer.config import ARCHITECTURE_ONLY_FIELDS, check_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -137,6 +137,19 @@ def _unknown_field(config, field: str) -> bool:
   return False
 
 
+def _check_architecture_fields(config, overrides) -> None:
+  """A ValueError for an override of a model field that the config's
+  architecture does not read (a Table 3 row on the RNN would be its base again)."""
+  architecture = config.model.architecture
+  for override in overrides:
+    section, _, name = override.partition("=")[0].partition(".")
+    others = [a for a, fields in ARCHITECTURE_ONLY_FIELDS.items()
+              if a != architecture and name in fields]
+    if section == "model" and others:
+      raise ValueError(f"config.model.{name}: has no effect with "
+                       f"model.architecture={architecture!r} (a {others[0]} field)")
+
+
 def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   """Loads a sweep file and resolves its variants against the base config."""
   with _loading():
@@ -163,6 +176,7 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
           raise ValueError(f"config.{field}: unknown field (not in {base})")
       variant.config = load_config(base, sweep.overrides(variant))
       check_config(variant.config)
+      _check_architecture_fields(variant.config, sweep.overrides(variant))
     except (ValueError, TypeError, flags.Error) as e:
       variant.config, variant.error = None, str(e)
     sweep.variants.append(variant)
