@@ -204,3 +204,18 @@ def test_a_best_checkpoint_with_damaged_metrics_is_set_aside_with_a_warning(tmp_
   best.save(10, _state(10), {"index": 10}, metrics={"bleu": 0.5})
   best.close()
   assert sorted(os.listdir(tmp_path / "b")) == ["10", "5.unreadable"]
+
+
+def test_the_best_value_right_after_a_save_is_the_saved_one(tmp_path, monkeypatch):
+  """Two decodes close together: the second asks for the best value while the
+  first's save is still being written, whose metrics file does not exist yet."""
+  best = _best(tmp_path / "b")
+  manager = best._manager  # pylint: disable=protected-access
+  finished, metrics, wait = [], manager.metrics, manager.wait_until_finished
+  monkeypatch.setattr(manager, "wait_until_finished", lambda: (wait(), finished.append(1)))
+  monkeypatch.setattr(manager, "metrics", lambda step: metrics(step) if finished else None)
+  best.save(5, _state(5), {"index": 5}, metrics={"bleu": 1.5})
+  finished.clear()  # What save itself waited for was the save before.
+  assert best.best_value("bleu") == 1.5
+  best.close()
+

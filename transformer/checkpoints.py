@@ -279,7 +279,10 @@ class Checkpointer:
       return float("-inf")
 
   def best_value(self, metric: str):
-    """The best saved value of `metric` (None before the first save)."""
+    """The best saved value of `metric` (None before the first save). Waits for
+    a save in flight: Orbax lists its step at once but reads its metrics from
+    the file, which is there only once the save is complete."""
+    self._wait()
     step = self._manager.best_step()
     if step is None:
       return None
