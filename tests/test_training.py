@@ -44,11 +44,21 @@ def restore_params(workdir, config, step=None):
   return state, data_state, restored_step
 
 
-def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplog):
-  config = tiny_experiment(data_dir, decode_every=30, decode_examples=50)
+def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplog,
+                                                       monkeypatch):
+  # Checkpoints every 7 steps, logs every 5: each log still averages its 5 steps.
+  config = tiny_experiment(data_dir, decode_every=30, decode_examples=50, checkpoint_every=7)
   workdir = str(tmp_path / "run")
+  log_train, averaged = training._Progress.log_train, []  # pylint: disable=protected-access
+
+  def counted(self, step, metrics_list, learning_rate):
+    averaged.append((step, len(metrics_list)))
+    return log_train(self, step, metrics_list, learning_rate)
+
+  monkeypatch.setattr(training._Progress, "log_train", counted)  # pylint: disable=protected-access
   with caplog.at_level(logging.INFO):
     first = training.train_and_evaluate(config, workdir)
+  assert averaged == [(step, 5) for step in range(5, 31, 5)]
   waits = [float(w) for w in re.findall(r"train/input_wait_fraction=([0-9.e-]+)",
                                          caplog.text)]
   assert len(waits) == 30 // 5 and all(0 <= w <= 1 for w in waits)
@@ -63,7 +73,7 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   assert os.listdir(os.path.join(workdir, "checkpoints_best")) == ["30"]
   # A uniform prediction (where training starts) costs log(vocabulary size).
   assert first["loss"] < 0.75 * np.log(23)
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints")))[-1] == "30"
+  assert max(map(int, os.listdir(os.path.join(workdir, "checkpoints")))) == 30
   assert glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
   assert os.path.exists(os.path.join(workdir, "config.json"))
   config.train.num_steps = 40
@@ -140,6 +150,17 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, da
   state, _, step = restore_params(workdir, config)
   assert step == 10
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
+
+
+def test_an_empty_eval_split_stops_before_training(tmp_path, data_dir, monkeypatch):
+  """(A text split of empty files reads as no examples; TFDS refuses an empty slice.)"""
+  load_data = training.load_data
+  monkeypatch.setattr(training, "load_data", lambda *args: load_data(*args)._replace(
+      eval_examples=[], eval_pairs=[]))
+  with pytest.raises(ValueError, match=r"eval split 'test\[:200\]' of scan/simple has no "
+                     r"examples \(config.data.eval_split\)"):
+    training.train_and_evaluate(tiny_experiment(data_dir), str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
 def test_nan_before_any_checkpoint_says_there_is_none():

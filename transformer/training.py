@@ -3,6 +3,7 @@
   python train.py --config configs/default.py --workdir runs/default
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -161,13 +162,22 @@ class _Progress:
     self.report(start_step)  # The first call only starts the clock.
     self.last_time = time.time()
     self.input_wait = 0.0  # Seconds the loop spent getting batches since the last log.
+    self.excluded = 0.0  # Seconds of timed() work since the last log.
 
+  @contextlib.contextmanager
   def timed(self, name):
-    return self.report.timed(name, wait_jax_async_dispatch=False)
+    """clu's timing of `name` (its share of the time in the progress note); that
+    time is left out of the next tokens/s and input wait, which are training's."""
+    start = time.time()
+    with self.report.timed(name, wait_jax_async_dispatch=False):
+      yield
+    self.excluded += time.time() - start
 
   def log_train(self, step, metrics_list, learning_rate):
+    """Logs the mean of the steps' metrics since the last log, and tokens/s over
+    the time since then, less compiling, evaluating, decoding and saving."""
     now = time.time()
-    elapsed = max(now - self.last_time, 1e-9)
+    elapsed = max(now - self.last_time - self.excluded, 1e-9)
     merged = {k: float(np.mean([m[k] for m in metrics_list])) for k in metrics_list[0]}
     tokens = float(np.sum([m["tokens"] for m in metrics_list]))
     # The share of wall time the loop waited for the next batch (prefetched in a
@@ -176,7 +186,7 @@ class _Progress:
     merged.update(learning_rate=learning_rate, tokens_per_sec=tokens / elapsed,
                   input_wait_fraction=self.input_wait / elapsed)
     self._write("train", step, merged)
-    self.last_time, self.input_wait = now, 0.0
+    self.last_time, self.input_wait, self.excluded = now, 0.0, 0.0
 
   def log_eval(self, step, metrics):
     self._write("eval", step, metrics)
@@ -282,6 +292,9 @@ def _train_and_evaluate(config, workdir: str) -> dict:
                dict(mesh.shape), resolve_dtype(config.model.dtype))
 
   data = load_data(config, workdir, mesh)
+  if not data.eval_examples:  # Found now, not at the first evaluation.
+    raise ValueError(f"eval split {config.data.eval_split!r} of {config.data.dataset} has no "
+                     "examples (config.data.eval_split)")
   logging.info("Data: %s", json.dumps(data.stats))
   # Logged once the config, the workdir and the data have passed their checks, so
   # that a bad value stops the program with one line rather than after a page.
@@ -317,13 +330,19 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
     train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
     progress = _Progress(workdir, config.train.num_steps, start, config.train.log_every)
-    pending, eval_metrics = [], {}
+    # pending: the steps' metrics on the devices, fetched and checked whenever
+    # the loop logs, saves or decodes; checked: those fetched since the last log.
+    pending, checked, eval_metrics = [], [], {}
     signals = preemption.StopSignals().install()  # SIGTERM/SIGINT: save, then stop.
     for step in range(start + 1, config.train.num_steps + 1):
       waited = time.perf_counter()
       batch = sharding.place_batch(next(data.train_batches), mesh)
       progress.input_wait += time.perf_counter() - waited
-      state, metrics = train_fn(state, batch)
+      if step == start + 1:  # Compiles (synchronously, in the call) before it runs.
+        with progress.timed("compile"):
+          state, metrics = train_fn(state, batch)
+      else:
+        state, metrics = train_fn(state, batch)
       pending.append(metrics)
       last = step == config.train.num_steps
       stopping = signals.stop_after(step) and not last
@@ -335,9 +354,10 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       if logging_now or decoding or saving:
         pending = jax.device_get(pending)
         _check_finite(step, pending, checkpointer)
+        checked, pending = checked + pending, []
         if logging_now:
-          progress.log_train(step, pending, float(schedule(step - 1)))  # Step's update.
-        pending = []
+          progress.log_train(step, checked, float(schedule(step - 1)))  # Step's update.
+          checked = []
       progress.report(step)
       if (step % config.train.eval_every == 0 or last) and not stopping:
         with progress.timed("eval"):
@@ -354,10 +374,12 @@ def _train_and_evaluate(config, workdir: str) -> dict:
         eval_metrics[best_metric] = decoded[best_metric]
         previous = best.best_value(best_metric)
         if previous is None or decoded[best_metric] > previous:
-          best.save(step, state, position(),
-                    metrics={best_metric: float(decoded[best_metric])})
+          with progress.timed("save"):
+            best.save(step, state, position(),
+                      metrics={best_metric: float(decoded[best_metric])})
       if saving:
-        checkpointer.save(step, state, position())
+        with progress.timed("save"):  # Waits for the save before, if still writing.
+          checkpointer.save(step, state, position())
       if stopping:
         raise preemption.Preempted(signals.signum, step, checkpointer.directory)
   finally:
