@@ -3,9 +3,11 @@ import itertools
 import json
 import time
 
+import ml_collections
 import numpy as np
 import pytest
 
+from transformer import data as data_lib
 from transformer.data import pipeline
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 
@@ -226,6 +228,17 @@ def test_tokenize_pairs_drop_truncate_and_empty():
                                             return_kept=True, keep_empty=True)
   assert (stats['dropped_empty'], stats['kept'], kept) == (0, 5, [0, 1, 2, 3, 4])
   assert [ex[2][0].tolist(), ex[3][1].tolist()] == [[EOS_ID], [EOS_ID]]
+
+
+def test_iter_eval_counts_the_truncation_of_the_examples_it_keeps(monkeypatch):
+  """--limit N: the stats are those of the first N examples, which are scored."""
+  pairs = [('ab', 'c')] + [('abcdefgh', 'x')] * 5  # One short source, five over-long.
+  monkeypatch.setattr(data_lib.sources, 'iter_pairs', lambda config, split, chunk: iter([pairs]))
+  config = ml_collections.ConfigDict({'max_length': 5})
+  (examples, kept_pairs, stats), = data_lib.iter_eval(config, _CharTokenizer(), 'x', limit=1)
+  assert (len(examples), kept_pairs, stats['truncated'], stats['total']) == (1, pairs[:1], 0, 1)
+  (examples, _, stats), = data_lib.iter_eval(config, _CharTokenizer(), 'x', limit=3)
+  assert (len(examples), stats['truncated']) == (3, 2)
 
 
 def test_bucket_lengths_are_few_and_aligned():

@@ -137,3 +137,11 @@ def test_positional_command_writes_png(tmp_path):
   assert_png(out)
   with pytest.raises(ValueError, match="even d_model"):
     plots.plot_positional_encoding(15, 10, out)
+  missing = str(tmp_path / "none" / "pe.png")
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer.plots", "positional", "--out", missing], cwd=ROOT,
+      capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+      timeout=120)
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"plots: error: --out {missing!r}: no such directory")

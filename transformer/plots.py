@@ -7,6 +7,7 @@ OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 """
 
 import functools
+import os
 import sys
 
 from absl import app
@@ -159,8 +160,10 @@ def main(argv):
                          "[--d_model 512] [--max_len 100] --out pe.png")
   f = flags.FLAGS
   try:
+    if not os.path.isdir(os.path.dirname(os.path.abspath(f.out))):
+      raise FileNotFoundError(f"--out {f.out!r}: no such directory")
     plot_positional_encoding(f.d_model, f.max_len, f.out)
-  except ValueError as e:
+  except (OSError, ValueError) as e:
     sys.exit(f"plots: error: {e}")
   print(f"wrote {f.out}")
 

@@ -55,11 +55,11 @@ def iter_eval(data_config, tokenizer, split, chunk=sources.CHUNK, limit=None):
   (all if None): yields (examples, pairs, stats) of each chunk."""
   left = limit
   for pairs in sources.iter_pairs(data_config, split, chunk):
+    if left is not None:  # Every pair is kept: the stats count those scored.
+      pairs = pairs[:left]
+      left -= len(pairs)
     examples, stats, kept = tokenize_pairs(pairs, tokenizer, data_config.max_length,
                                            'truncate', return_kept=True, keep_empty=True)
-    if left is not None:
-      examples, kept = examples[:left], kept[:left]
-      left -= len(examples)
     yield examples, [pairs[i] for i in kept], stats
     if left == 0:
       return
