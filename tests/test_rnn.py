@@ -280,6 +280,11 @@ def test_evaluate_and_translate_the_rnn_workdir(trained, tmp_path):
                           plot_attention=str(png))
   assert len(outputs) == 3 and outputs[1] == ""
   assert_png(str(png))
+  # One attention: head 0 only (refused before any work), and no layers to choose.
+  with pytest.raises(ValueError, match="head 1 out of range: the model has 1 heads"):
+    translate.run(workdir, str(src), str(tmp_path / "out2.txt"), plot_attention=str(png),
+                  head="1")
+  assert not (tmp_path / "out2.txt").exists()
 
 
 def test_rnn_configs_check():

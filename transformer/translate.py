@@ -153,8 +153,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     if jax.process_count() > 1:
       raise ValueError("--plot_attention draws in one process; run it without the other "
                        "processes of a multi-process job")
-    plots.parse_head(head, config.model.num_heads)
-    if not -config.model.num_layers <= layer < config.model.num_layers:
+    rnn = config.model.get("architecture") == "rnn"  # One attention: one head, no layers.
+    plots.parse_head(head, 1 if rnn else config.model.num_heads)
+    if not rnn and not -config.model.num_layers <= layer < config.model.num_layers:
       raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
                        "decoder")
   if input_path != "-" and not os.path.exists(input_path):
