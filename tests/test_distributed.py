@@ -20,8 +20,12 @@ def test_explicit_variables_describe_the_job():
 
 
 def test_schedulers_are_left_to_jax_detection():
-  slurm = {"SLURM_NTASKS": "8", "SLURM_PROCID": "5"}
+  slurm = {"SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_STEP_NODELIST": "node[1-2]"}
   assert job_from_env(slurm) == Job(None, None, None, "slurm")
+  # An sbatch script's own commands (no job step) and a one-task step are one process.
+  batch_script = {k: v for k, v in slurm.items() if k != "SLURM_STEP_NODELIST"}
+  assert job_from_env(batch_script) is None
+  assert job_from_env({**slurm, "SLURM_STEP_NUM_TASKS": "1"}) is None
   assert job_from_env({"OMPI_COMM_WORLD_SIZE": "2"}) == Job(None, None, None, "ompi")
   # An explicit address (e.g. a chosen port) with the scheduler's count and id.
   assert job_from_env({**slurm, ADDRESS: "node1:5555"}) == Job("node1:5555", None, None,
@@ -55,3 +59,20 @@ def test_one_process_runs_first_and_barriers_at_once():
   assert distributed.process_0_first(lambda: calls.append(1) or "done", "x") == "done"
   distributed.barrier("nothing to wait for")
   assert calls == [1]
+
+
+def test_a_job_that_cannot_be_joined_is_one_line(monkeypatch):
+  """JAX's own failure (here a SLURM variable it lacks) becomes a CommandError,
+  which the commands report in one line naming the job."""
+  import jax  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(distributed, "job_from_env", lambda: Job(None, None, None, "slurm"))
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+
+  def fails(*args, **kwargs):
+    raise KeyError("SLURM_STEP_NODELIST")
+
+  monkeypatch.setattr(jax.distributed, "initialize", fails)
+  with pytest.raises(distributed.runtime.CommandError,
+                     match=r"^could not join the multi-process job \(slurm: coordinator "
+                     r"detected, process detected of detected\): KeyError: 'SLURM_STEP_NODELIST'"):
+    distributed.maybe_initialize()

@@ -25,7 +25,7 @@ from typing import Optional
 from absl import logging
 import jax
 
-from transformer import preemption
+from transformer import preemption, runtime
 
 ADDRESS, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 # JAX's own defaults; a config (or a workdir's config.json) without the section gets them.
@@ -40,6 +40,11 @@ class Job:
   num_processes: Optional[int]
   process_id: Optional[int]
   described_by: str  # environment (the variables above) | slurm | ompi | tpu
+
+
+class JoinError(runtime.CommandError):
+  """The job the environment describes could not be joined (one line: the cause
+  is in the environment or the network, not in the code)."""
 
 
 def _int(environ, name):
@@ -60,8 +65,12 @@ def _on_cloud_tpu_vm() -> bool:
 
 def scheduler(environ) -> Optional[str]:
   """The scheduler that describes a multi-process job here, if any: JAX reads the
-  process count, id and coordinator from it (JAX's cluster names)."""
-  if (_int(environ, "SLURM_NTASKS") or 1) > 1 and "SLURM_PROCID" in environ:
+  process count, id and coordinator from it (JAX's cluster names). SLURM's is a
+  job step (srun) of more than one task: an sbatch script itself (its
+  SLURM_NTASKS the allocation's, no SLURM_STEP_NODELIST, which JAX reads the
+  coordinator from) runs its commands as one process."""
+  tasks = _int(environ, "SLURM_STEP_NUM_TASKS") or _int(environ, "SLURM_NTASKS") or 1
+  if tasks > 1 and "SLURM_PROCID" in environ and "SLURM_STEP_NODELIST" in environ:
     return "slurm"
   if (_int(environ, "OMPI_COMM_WORLD_SIZE") or 1) > 1:
     return "ompi"
@@ -138,7 +147,8 @@ def maybe_initialize(settings=None) -> Optional[Job]:
         heartbeat_timeout_seconds=wait["heartbeat_timeout_s"],
         shutdown_timeout_seconds=wait["shutdown_timeout_s"])
   except Exception as e:  # pylint: disable=broad-except
-    raise RuntimeError(f"could not join the multi-process job ({where}): {e}") from e
+    raise JoinError(f"could not join the multi-process job ({where}): "
+                    f"{type(e).__name__}: {runtime.first_line(e)}") from e
   logging.info("Process %d of %d joined.", jax.process_index(), jax.process_count())
   return job
 
