@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -161,6 +162,31 @@ def test_an_empty_eval_split_stops_before_training(tmp_path, data_dir, monkeypat
                      r"examples \(config.data.eval_split\)"):
     training.train_and_evaluate(tiny_experiment(data_dir), str(tmp_path / "w"))
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_budgets_and_axes_this_mesh_cannot_use_stop_before_training():
+  """Sizes known only once the mesh is: a model axis of -1 that does not divide
+  the heads, and evaluation or decoding budgets under a data axis' rows of an
+  eval example (which failed at the first decode, before that step's save)."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.model.num_heads, config.train.mesh = 2, "data=1,model=-1"
+  on_8 = types.SimpleNamespace(shape={"data": 1, "model": 8})
+  with pytest.raises(ValueError, match=r"config.train.mesh='data=1,model=-1': the model axis "
+                     r"\(8, of \d+ devices\) must divide model.num_heads=2"):
+    training._check_model_axis(config, on_8)  # pylint: disable=protected-access
+  examples = [(np.arange(4, 20, dtype=np.int32), np.arange(4, 8, dtype=np.int32))] * 3
+  data_8 = types.SimpleNamespace(shape={"data": 8, "model": 1})
+  config.train.decode_every, config.decode.tokens_per_batch = 10, 64
+  training._check_eval_batches(config, types.SimpleNamespace(shape={"data": 4, "model": 1}),  # pylint: disable=protected-access
+                               examples)  # 4 rows of the 16-token bucket fit in 64.
+  with pytest.raises(ValueError, match=r"^config.decode.tokens_per_batch=64 on a data axis of "
+                     r"8: tokens_per_batch=64 is too small: a batch of padded length 16 needs at "
+                     r"least batch_multiple=8 rows"):
+    training._check_eval_batches(config, data_8, examples)  # pylint: disable=protected-access
+  config.train.decode_every, config.data.tokens_per_batch = 0, 100
+  with pytest.raises(ValueError, match=r"^config.data.tokens_per_batch=100 on a data axis of 8"):
+    training._check_eval_batches(config, data_8, examples)  # pylint: disable=protected-access
 
 
 def test_nan_before_any_checkpoint_says_there_is_none():

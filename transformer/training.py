@@ -252,6 +252,44 @@ def _resume_position(data_state, data_parallel, directory, step) -> dict:
   return state
 
 
+def _check_model_axis(config, mesh) -> None:
+  """The model axis, sized only now where train.mesh gives it as -1, divides the
+  heads and d_ff: a leaf it cannot split would stay replicated without a word."""
+  size = mesh.shape[sharding.MODEL_AXIS]
+  if config.model.get("architecture", "transformer") != "transformer":
+    return
+  for field in ("num_heads", "d_ff"):
+    if config.model[field] % size:
+      raise ValueError(f"config.train.mesh={config.train.mesh!r}: the model axis ({size}, "
+                       f"of {jax.device_count()} devices) must divide "
+                       f"model.{field}={config.model[field]}")
+
+
+def _check_eval_batches(config, mesh, eval_examples) -> None:
+  """Stops the run now, naming the field, where evaluation or decoding during
+  training would fail later: an empty eval split, or a budget too small for
+  row_multiple(mesh) rows of an eval example's length bucket (after a run's
+  worth of steps, and before that step's checkpoint)."""
+  if not eval_examples:
+    raise ValueError(f"eval split {config.data.eval_split!r} of {config.data.dataset} has no "
+                     "examples (config.data.eval_split)")
+  checks = [("data.tokens_per_batch", config.data.tokens_per_batch, eval_examples)]
+  if config.train.decode_every:
+    budget = config.decode.get("tokens_per_batch") or 0
+    sources = [(s, s[-1:]) for s, _ in  # Decoding buckets by the source alone.
+               eval_examples[:config.train.decode_examples or None]]
+    checks.append(("decode.tokens_per_batch" if budget else "data.tokens_per_batch",
+                   budget or config.data.tokens_per_batch, sources))
+  for field, budget, examples in checks:
+    try:
+      for _ in data_lib.eval_batches(examples, budget, batch_multiple=sharding.row_multiple(mesh),
+                                     max_length=config.data.max_length):
+        pass
+    except ValueError as e:
+      raise ValueError(f"config.{field}={budget} on a data axis of "
+                       f"{sharding.row_multiple(mesh)}: {e}") from e
+
+
 def _close_all(closers) -> None:
   """Calls each of `closers` (None: not made) in turn, even after one fails, and
   raises the first failure, logging the later ones. (An ExitStack would raise
@@ -291,10 +329,9 @@ def _train_and_evaluate(config, workdir: str) -> dict:
                jax.device_count(), jax.devices()[0].platform, jax.process_count(),
                dict(mesh.shape), resolve_dtype(config.model.dtype))
 
+  _check_model_axis(config, mesh)
   data = load_data(config, workdir, mesh)
-  if not data.eval_examples:  # Found now, not at the first evaluation.
-    raise ValueError(f"eval split {config.data.eval_split!r} of {config.data.dataset} has no "
-                     "examples (config.data.eval_split)")
+  _check_eval_batches(config, mesh, data.eval_examples)
   logging.info("Data: %s", json.dumps(data.stats))
   # Logged once the config, the workdir and the data have passed their checks, so
   # that a bad value stops the program with one line rather than after a page.
