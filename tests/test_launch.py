@@ -62,3 +62,27 @@ def test_a_job_past_its_time_limit_is_ended():
   assert code == 124, text
   assert "[launch] failed: the job ran past --timeout_s=0.5" in text
   assert text.count("killed by SIGTERM (by the launcher)") == 2
+
+
+def test_terminated_processes_get_the_stop_grace_together_and_unnamed_signals_are_named():
+  """A process saving on SIGTERM (as train.py does) longer than one child's wait
+  still ends by itself within --stop_grace_s; one killed by a real-time signal is
+  reported by its number."""
+  saves_then_ends = ("import signal, sys, time\n"
+                     "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), sys.exit(143)))\n"
+                     "time.sleep(60)")
+  out = io.StringIO()
+  code = launch.launch(python(saves_then_ends), 2, timeout_s=0.5, stop_grace_s=10, out=out)
+  text = out.getvalue()
+  assert code == 124, text
+  assert text.count("exited with status 143 (by the launcher)") == 2, text
+  out = io.StringIO()  # A grace shorter than the save: SIGKILL.
+  launch.launch(python(saves_then_ends), 2, timeout_s=0.5, stop_grace_s=0.5, out=out)
+  assert out.getvalue().count("killed by SIGKILL (by the launcher)") == 2, out.getvalue()
+  out = io.StringIO()
+  code = launch.launch(python("import time; time.sleep(60)", "os.kill(os.getpid(), 40)"), 2,
+                       grace_s=0.5, stop_grace_s=0, out=out)
+  text = out.getvalue()
+  assert code == 128 + 40, text
+  assert "[launch] failed: process 1 killed by signal 40 first" in text
+

@@ -34,7 +34,6 @@ from absl import flags
 from transformer import distributed
 
 _POLL_S = 0.1
-_KILL_AFTER_S = 10  # From SIGTERM to SIGKILL for a process that does not end.
 
 
 def free_port() -> int:
@@ -67,7 +66,10 @@ def command_line(command) -> list:
 
 def how_it_ended(returncode) -> str:
   if returncode < 0:
-    return f"killed by {signal.Signals(-returncode).name}"
+    try:
+      return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:  # A number Python does not name (a real-time signal).
+      return f"killed by signal {-returncode}"
   return f"exited with status {returncode}"
 
 
@@ -97,9 +99,11 @@ def _pump(stream, prefix, out, lock):
 
 
 def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0,
-           timeout_s=None, out=sys.stdout, environ=None) -> int:
+           timeout_s=None, out=sys.stdout, environ=None, stop_grace_s=60.0) -> int:
   """Runs `command` (a list) as processes 0..N-1 of one job; returns the exit
-  status: 0 if every process exited with 0."""
+  status: 0 if every process exited with 0. Processes the launcher terminates get
+  `stop_grace_s` together to end (train.py saves a checkpoint first) before
+  SIGKILL."""
   if processes < 1:
     raise ValueError(f"--processes={processes} must be >= 1")
   port = port or free_port()
@@ -160,10 +164,12 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
             c.terminate()
             c.send_signal(signal.SIGCONT)  # A stopped process acts on SIGTERM once continued.
             stopped.append(i)
-        say(f"terminating processes {stopped}: {reason}")
+        say(f"terminating processes {stopped}: {reason}; SIGKILL after "
+            f"{stop_grace_s:g} s")
+        kill_at = time.monotonic() + stop_grace_s
         for c in children:
           try:
-            c.wait(timeout=_KILL_AFTER_S)
+            c.wait(timeout=max(0.0, kill_at - time.monotonic()))
           except subprocess.TimeoutExpired:
             c.kill()
             c.wait()
@@ -204,13 +210,15 @@ _GRACE = flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to end by t
                             "once a process has failed.", lower_bound=0.0)
 _TIMEOUT = flags.DEFINE_float("timeout_s", None, "Terminate the job after this many "
                               "seconds; unset: no limit.", lower_bound=0.0)
+_STOP_GRACE = flags.DEFINE_float("stop_grace_s", 60.0, "Seconds terminated processes get "
+                                 "(to save a checkpoint) before SIGKILL.", lower_bound=0.0)
 
 
 def main(argv):
   if len(argv) < 2:
     raise app.UsageError("no command: python -m transformer.launch [flags] -- COMMAND ...")
   sys.exit(launch(argv[1:], _PROCESSES.value, _DEVICES.value, _PORT.value, _GRACE.value,
-                  _TIMEOUT.value))
+                  _TIMEOUT.value, stop_grace_s=_STOP_GRACE.value))
 
 
 if __name__ == "__main__":
