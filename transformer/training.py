@@ -338,7 +338,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   logging.info("Config:\n%s", config)
   model, tx, abstract, shardings, schedule = state_lib.build(
       config, data.tokenizer.vocab_size, mesh)
-  logging.info("Parameters: %s", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}")
+  specs = [tuple(s.spec) for s in jax.tree.leaves(shardings.params)]
+  logging.info("Parameters: %s in %d arrays, %d split over the data axis (FSDP), %d over the "
+               "model axis", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}",
+               len(specs), sum(sharding.DATA_AXIS in spec for spec in specs),
+               sum(sharding.MODEL_AXIS in spec for spec in specs))
 
   data_parallel = sharding.data_size(mesh)
   checkpointer = best = progress = signals = None  # Closed at the end, as far as made.
