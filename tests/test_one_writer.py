@@ -64,6 +64,17 @@ def test_stale_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, c
   assert not os.path.exists(os.path.join(workdir, lock.LOCK_NAME))  # A clean exit removes it.
 
 
+def test_a_url_workdir_is_refused_not_made_a_local_directory(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  for primary in (True, False):
+    with pytest.raises(ValueError, match=r"workdir 'gs://bucket/run' is a URL; give a local "
+                       r"path"):
+      lock.hold("gs://bucket/run", "train", primary=primary)
+  with pytest.raises(ValueError, match="is a URL"):
+    workdir_lib.restore("gs://bucket/run")
+  assert not os.listdir(tmp_path)
+
+
 def test_one_process_cannot_hold_a_workdir_twice_and_release_frees_it(tmp_path):
   workdir = str(tmp_path / "w")
   with lock.WorkdirLock(workdir, "first"):

@@ -12,6 +12,14 @@ from absl import logging
 TMP_INFIX = ".tmp"  # NAME.tmp<pid>: a temporary of the process <pid>.
 
 
+def check_local(path: str, what: str = "workdir") -> None:
+  """A ValueError for a URL (gs://, s3://): reading and writing here are local
+  file operations, which would take it as a relative path (a directory 'gs:')."""
+  if "://" in str(path):
+    raise ValueError(f"{what} {path!r} is a URL; give a local path (a bucket mounted with "
+                     "gcsfuse, say)")
+
+
 def pid_alive(pid: int) -> bool:
   """Whether a process of this host has that pid (another user's included)."""
   try:

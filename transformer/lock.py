@@ -212,6 +212,7 @@ class WorkdirLock:
 def hold(workdir: str, command: str, primary: bool = True):
   """WorkdirLock(workdir, command) where `primary` (process 0 of a multi-host
   run; the others write through it), else a context that only makes the workdir."""
+  files.check_local(workdir)
   if primary:
     return WorkdirLock(workdir, command)
   os.makedirs(workdir, exist_ok=True)

@@ -16,7 +16,7 @@ from typing import Any
 from absl import logging
 import ml_collections
 
-from transformer import checkpoints, distributed, runtime, sharding, state as state_lib
+from transformer import checkpoints, distributed, files, runtime, sharding, state as state_lib
 from transformer import config as config_lib
 from transformer.data import tokenizer as tokenizer_lib
 
@@ -138,6 +138,7 @@ class Opened:
 
 
 def open_workdir(workdir: str, mesh=None) -> Opened:
+  files.check_local(workdir)
   config = load_config(workdir)
   tokenizer = load_tokenizer(workdir, config)
   mesh = mesh or sharding.mesh_for_reading(config.train.get("mesh", sharding.DEFAULT_MESH))
