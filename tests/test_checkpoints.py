@@ -219,3 +219,25 @@ def test_the_best_value_right_after_a_save_is_the_saved_one(tmp_path, monkeypatc
   assert best.best_value("bleu") == 1.5
   best.close()
 
+
+
+def test_readers_take_the_best_checkpoint_by_its_value_not_its_step(tmp_path):
+  """A better result may sit at an earlier step (after a resume from before the
+  kept best); a run killed before Orbax removed the worse one leaves both."""
+  _save_best(tmp_path / "b", 15, 1)
+  _save_best(tmp_path / "c", 12, 2)
+  shutil.copytree(tmp_path / "c" / "12", tmp_path / "b" / "12")
+  assert _restore(tmp_path / "b", read_only=True, best_metric="bleu")[2] == 12
+  assert _restore(tmp_path / "b", read_only=True)[2] == 15  # By step alone.
+
+
+def test_a_checkpoint_of_a_newer_checksum_algorithm_is_named_not_set_aside(tmp_path):
+  directory = tmp_path / "c"
+  _saved(directory, [10, 20])
+  saved = directory / "20" / "checksums" / "metadata"
+  saved.write_text(json.dumps({**json.loads(saved.read_text()), "algorithm": 3}))
+  with pytest.raises(checkpoints.NewerCheckpointError,
+                     match=r"checkpoint 20 in .*: its checksums are of algorithm 3, and this "
+                     r"code knows algorithms 1 to 2: it was written by a newer version"):
+    _restore(directory)
+  assert sorted(os.listdir(directory)) == ["10", "20"]

@@ -337,6 +337,16 @@ def test_missing_workdir_or_damaged_config_is_named(tmp_path):
     evaluate.run(str(tmp_path))
 
 
+def test_a_best_checkpoint_being_replaced_is_named(tmp_path):
+  best = tmp_path / "checkpoints_best"
+  os.makedirs(best / "15.replaced")
+  with pytest.raises(FileNotFoundError, match=r"the best checkpoint in .* is being replaced "
+                     r"\(15.replaced\): rerun once training has saved the new one"):
+    workdir_lib.checkpoint_location(str(tmp_path), "best")
+  os.makedirs(best / "15")  # The new one is complete: it is read.
+  assert workdir_lib.checkpoint_location(str(tmp_path), "best") == (str(best), None)
+
+
 def test_unknown_or_absent_checkpoint_is_named(workdir):
   with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
     evaluate.run(workdir, checkpoint="newest")

@@ -72,6 +72,7 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   assert first["accuracy"] > 0.4
   assert float(decoded[0]) > 0.2 and first["exact_match"] == 0.0
   assert os.listdir(os.path.join(workdir, "checkpoints_best")) == ["30"]
+  assert workdir_lib.restore(workdir, "best").step == 30  # Read best first, by its value.
   # A uniform prediction (where training starts) costs log(vocabulary size).
   assert first["loss"] < 0.75 * np.log(23)
   assert max(map(int, os.listdir(os.path.join(workdir, "checkpoints")))) == 30

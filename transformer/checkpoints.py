@@ -63,6 +63,11 @@ class UnreadableCheckpointError(runtime.CommandError):
   """The checkpoint asked for, or every checkpoint there is, cannot be read."""
 
 
+class NewerCheckpointError(runtime.CommandError):
+  """A checkpoint written by a newer version of this code (a checksum algorithm
+  it does not know): not damaged, so never set aside for an older one."""
+
+
 def _first_line(error: Exception) -> str:
   """`Type: first line` of an error (runtime.first_line)."""
   return f"{type(error).__name__}: {runtime.first_line(error)}"
@@ -135,7 +140,13 @@ def _checksums(state, data_state, algorithm=CHECKSUM_ALGORITHM) -> dict:
 
 def _check(state, data_state, saved: dict) -> None:
   """ValueError naming what differs from the checksums saved with a checkpoint."""
-  got = _checksums(state, data_state, saved.get("algorithm", 1))
+  algorithm = saved.get("algorithm", 1)
+  if algorithm > CHECKSUM_ALGORITHM:
+    raise NewerCheckpointError(
+        f"its checksums are of algorithm {algorithm}, and this code knows algorithms 1 to "
+        f"{CHECKSUM_ALGORITHM}: it was written by a newer version of this code; update it "
+        "(nothing was changed there)")
+  got = _checksums(state, data_state, algorithm)
   bad = [k for k in sorted(set(got["state"]) | set(saved["state"]))
          if got["state"].get(k) != saved["state"].get(k)]
   if got["data"] != saved["data"]:
@@ -352,12 +363,17 @@ class Checkpointer:
     Returns None when there is no checkpoint at all. `abstract_state` gives the
     tree and dtypes, `shardings` where each leaf goes.
     """
-    candidates = [step] if step is not None else self.steps()[::-1]
+    if step is not None:
+      candidates = [step]
+    elif self._best_metric:  # The best first: a better result may sit at an earlier step.
+      candidates = sorted(self.steps(), key=lambda s: (self._value(s), s), reverse=True)
+    else:
+      candidates = self.steps()[::-1]
     if step is not None and step not in self.steps():
       raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}; "
                               f"steps present: {self.steps()}")
     target = _abstract(abstract_state, shardings)
-    errors = []
+    errors, failed = [], []
     for candidate in candidates:
       try:
         items = dict(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
@@ -367,12 +383,15 @@ class Checkpointer:
         restored = self._manager.restore(candidate, args=ocp.args.Composite(**items))
         if checked:
           _check(restored.state, restored.data, restored.checksums)
+      except NewerCheckpointError as e:
+        raise NewerCheckpointError(f"checkpoint {candidate} in {self.directory}: {e}") from e
       except Exception as e:  # pylint: disable=broad-except
         if step is not None:
           raise UnreadableCheckpointError(
               f"checkpoint {candidate} in {self.directory} is unreadable (damaged or "
               f"incomplete files): {_first_line(e)}") from e
         errors.append(f"step {candidate}: {_first_line(e)}")
+        failed.append(candidate)
         logging.warning("Checkpoint step %d is unreadable (%s); trying an older one.",
                         candidate, _first_line(e))
         continue
@@ -380,7 +399,7 @@ class Checkpointer:
         logging.warning("Restored step %d after skipping unreadable checkpoints: %s",
                         candidate, "; ".join(errors))
         # Outside the `try`: a failure here is not the restored checkpoint's.
-        self._set_aside([s for s in candidates if s > candidate])
+        self._set_aside(failed)
       return restored.state, restored.data, candidate
     if errors:
       raise UnreadableCheckpointError(

@@ -18,6 +18,7 @@ import ml_collections
 
 from transformer import checkpoints, distributed, files, runtime, sharding, state as state_lib
 from transformer import config as config_lib
+from transformer import metrics as metrics_lib
 from transformer.data import tokenizer as tokenizer_lib
 
 CHECKPOINT_DIRS = {"latest": "checkpoints", "best": "checkpoints_best",
@@ -113,6 +114,17 @@ def checkpoint_location(workdir: str, checkpoint: str = "latest"):
     raise ValueError(f"checkpoint must be a step number or one of {sorted(CHECKPOINT_DIRS)}, "
                      f"got {checkpoint!r}")
   path = os.path.join(workdir, CHECKPOINT_DIRS[checkpoint])
+  if checkpoint == "best" and os.path.isdir(path):
+    # Training moves the kept best aside while it saves a better one of the same
+    # step (checkpoints.Checkpointer.save); a reader does not move it back.
+    aside = [n for n in sorted(os.listdir(path)) if n.partition(".")[0].isdigit()
+             and n.partition(".")[2].startswith(checkpoints.REPLACED_SUFFIX[1:])
+             and not os.path.isdir(os.path.join(path, n.partition(".")[0]))]
+    if aside:
+      raise FileNotFoundError(
+          f"the best checkpoint in {path} is being replaced ({aside[0]}): rerun once "
+          "training has saved the new one; after a killed run, the next train.py on this "
+          "workdir puts the old one back")
   if checkpoint == "averaged" and not os.path.isdir(path):
     # average_checkpoints killed between moving the previous average aside and
     # moving the new one in: the previous one is complete, under another name.
@@ -134,7 +146,9 @@ class Opened:
   def checkpoints(self, checkpoint: str = "latest"):
     """(read-only Checkpointer, step or None for its newest) of a checkpoint name."""
     directory, step = checkpoint_location(self.workdir, checkpoint)
-    return checkpoints.Checkpointer(directory, read_only=True), step
+    # The best checkpoints are read best first: a better one may have an earlier step.
+    metric = metrics_lib.main_metric(self.config.data.dataset) if checkpoint == "best" else None
+    return checkpoints.Checkpointer(directory, read_only=True, best_metric=metric), step
 
 
 def open_workdir(workdir: str, mesh=None) -> Opened:
