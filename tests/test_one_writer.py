@@ -99,8 +99,15 @@ def test_without_flock_the_recorded_pid_decides(tmp_path, monkeypatch):
   record = json.loads(open(os.path.join(workdir, lock.LOCK_NAME)).read())
   with open(os.path.join(workdir, lock.LOCK_NAME), "w") as f:
     json.dump({**record, "pid": int(dead.stdout), "command": "dead"}, f)
+  guard = os.path.join(workdir, lock.LOCK_NAME + lock.TAKEOVER_SUFFIX)
+  open(guard, "w").close()  # A takeover interrupted (its process died there): named.
+  with pytest.raises(lock.WorkdirBusyError, match=r"dead .*\(or remove .*LOCK\.takeover if no "
+                     r"process is starting"):
+    lock.WorkdirLock(workdir, "train").acquire()
+  os.remove(guard)
   with lock.WorkdirLock(workdir, "train"):
     assert json.load(open(os.path.join(workdir, lock.LOCK_NAME)))["command"] == "train"
+    assert sorted(os.listdir(workdir)) == [lock.LOCK_NAME]  # No guard left.
   elsewhere = {**record, "host": "another-host", "command": "remote"}
   with open(os.path.join(workdir, lock.LOCK_NAME), "w") as f:
     json.dump(elsewhere, f)  # Another host's lock is never taken over.

@@ -12,9 +12,9 @@ removes the file.
 Where the filesystem cannot flock (some network filesystems), the recorded pid
 is checked instead: a lock whose pid is dead on this host is stale; a lock of
 another host is never taken over (delete the file once that job is gone). A
-stale lock is taken over by renaming it away and checking that the moved file
-is still the one judged stale: a process that took the lock over meanwhile
-keeps it.
+stale lock is removed under a guard file that one process at a time creates,
+and only if it still holds the record judged stale: a process that took the
+lock over meanwhile keeps it.
 
 Holding the lock, a writer removes the temporaries that dead writers left
 (files.remove_dead_temporaries): no other writer can be using them.
@@ -27,7 +27,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 
 from absl import logging
@@ -35,6 +34,7 @@ from absl import logging
 from transformer import files, runtime
 
 LOCK_NAME = "LOCK"
+TAKEOVER_SUFFIX = ".takeover"  # LOCK.takeover: held while a stale LOCK is removed (no flock).
 # flock's answers on a filesystem that does not implement it.
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
@@ -89,11 +89,11 @@ class WorkdirLock:
             "argv": " ".join(sys.argv), "time": time.time(),
             "start": _process_start(os.getpid())}
 
-  def _busy(self, owner):
+  def _busy(self, owner, note=""):
     return WorkdirBusyError(
         f"workdir {self.workdir} is being written by {describe(owner)}: one workdir has one "
         f"writer. Wait for it to finish or stop it, or use another workdir (its lock: "
-        f"{self.path}).")
+        f"{self.path}){note}.")
 
   def acquire(self) -> "WorkdirLock":
     try:
@@ -161,34 +161,31 @@ class WorkdirLock:
     raise self._busy(_read_owner(self.path))
 
   def _take_over(self, stale) -> None:
-    """Removes the lock file whose owner record `stale` was judged dead. Another
-    process may have taken the lock over since it was read, and removing the path
-    would then remove that live lock: so the file is first renamed to a name of
-    this process and thread (atomic: of two processes, one gets it), and removed
-    only if it still holds `stale`; otherwise it goes back (os.link never
-    replaces a file), and the lock is busy."""
-    moved = f"{self.path}.{threading.get_ident()}{files.TMP_INFIX}{os.getpid()}"
+    """Removes the lock file whose owner record `stale` was judged dead, holding
+    a guard file (LOCK.takeover, created exclusively: one process at a time).
+    While the guard exists no other process removes LOCK, and none can create it
+    while it is there, so the record read again under the guard is the one
+    removed: a process that took the lock over in the meantime keeps it."""
+    guard = self.path + TAKEOVER_SUFFIX
     try:
-      os.rename(self.path, moved)
-    except FileNotFoundError:  # Another process removed it first.
-      return
-    owner = _read_owner(moved)
-    if owner == stale:
+      fd = os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # Another takeover is under way: its owner will hold the lock.
+      raise self._busy(_read_owner(self.path) or _read_owner(guard),
+                       f" (or remove {guard} if no process is starting: a takeover "
+                       "was interrupted there)") from None
+    try:
+      os.write(fd, json.dumps(self._record()).encode())
+      owner = _read_owner(self.path)
+      if owner != stale:  # Taken over (or released) since it was read.
+        if owner is None and not os.path.lexists(self.path):
+          return  # Released: create it anew.
+        raise self._busy(owner)
       logging.warning("Took over the lock of workdir %s from %s, which is no longer "
                       "running.", self.workdir, describe(stale))
-      os.remove(moved)
-      return
-    try:
-      os.link(moved, self.path)
-    except FileExistsError:  # A third process has locked it since: that one holds it.
-      owner = _read_owner(self.path)
-    except OSError:  # No hard links on this filesystem: a rename, checked just before.
-      if not os.path.lexists(self.path):
-        os.rename(moved, self.path)
+      os.remove(self.path)
     finally:
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(moved)
-    raise self._busy(owner)
+      os.close(fd)
+      os.remove(guard)
 
   def release(self) -> None:
     """Removes the file (a clean exit leaves nothing to take over) and unlocks."""
