@@ -175,7 +175,8 @@ class _Progress:
 
   def log_train(self, step, metrics_list, learning_rate):
     """Logs the mean of the steps' metrics since the last log, and tokens/s over
-    the time since then, less compiling, evaluating, decoding and saving."""
+    the time since then, less the timed() work: the first step's compilation,
+    evaluating, decoding and saving."""
     now = time.time()
     elapsed = max(now - self.last_time - self.excluded, 1e-9)
     merged = {k: float(np.mean([m[k] for m in metrics_list])) for k in metrics_list[0]}
