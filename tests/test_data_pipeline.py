@@ -92,7 +92,8 @@ def test_epoch_has_every_example_once_within_budget(mode):
       np.testing.assert_array_equal(tgt, EXAMPLES[i][1])
   if mode == 'bucket':
     assert {b['inputs'].shape[1] for b in batches} <= set(pipeline.bucket_lengths(40))
-  assert it.get_state() == {'epoch': 0, 'index': len(batches), 'num_examples': N}
+  assert it.get_state() == {'epoch': 0, 'index': len(batches), 'num_examples': N,
+                            'rows': it.rows()}
   assert sorted(_ids(_epoch(it, 1))) == list(range(N))
 
 
@@ -239,6 +240,26 @@ def test_iter_eval_counts_the_truncation_of_the_examples_it_keeps(monkeypatch):
   assert (len(examples), kept_pairs, stats['truncated'], stats['total']) == (1, pairs[:1], 0, 1)
   (examples, _, stats), = data_lib.iter_eval(config, _CharTokenizer(), 'x', limit=3)
   assert (len(examples), stats['truncated']) == (3, 2)
+
+
+def test_a_position_in_batches_of_other_rows_is_refused_mid_epoch():
+  """A saved batch index points into batches of the rows it was saved with: a
+  data-parallel size (batch multiple) that gives other rows would skip and
+  repeat examples, one that gives the same rows reads the same batches."""
+  for mode, same in (('pack', True), ('bucket', False)):
+    one, two = _make(mode, batch_multiple=1), _make(mode, batch_multiple=2)
+    assert (one.rows() == two.rows()) is same, mode
+    next(one); next(one)
+    if same:
+      two.set_state(one.get_state())
+      for _ in range(3):
+        _same([next(one)], [next(two)])
+    else:
+      with pytest.raises(ValueError, match=r"the saved data position, batch 2 of epoch 0, is in "
+                         r"batches of \[.*\] rows, and this run's have \[.*\]"):
+        two.set_state(one.get_state())
+      two.set_state({**one.get_state(), 'index': 0})  # An epoch's start reads alike.
+      two.set_state({k: v for k, v in one.get_state().items() if k != 'rows'})  # Older.
 
 
 def test_bucket_lengths_are_few_and_aligned():

@@ -227,32 +227,6 @@ def _check_finite(step, metrics_list, checkpointer):
           "clipping changes the optimizer state).")
 
 
-# The data position a checkpoint saves also records the data-parallel size (the
-# mesh's data axis) it was saved on.
-DATA_PARALLEL = "data_parallel"
-
-
-def _resume_position(data_state, data_parallel, directory, step) -> dict:
-  """The data iterator's state to resume from `data_state`, saved at `step`.
-
-  The position is a batch index into the epoch's batches, whose rows are a
-  multiple of the data-parallel size: on another size it points into other
-  batches, and the rest of the epoch would skip some examples and repeat
-  others. So a resume on another size stops, naming both, unless the position is
-  at the start of an epoch, which every size reads alike. (Positions saved
-  before the size was recorded are taken as they are.)"""
-  state = dict(data_state)
-  saved = state.pop(DATA_PARALLEL, None)
-  if saved is not None and saved != data_parallel and state.get("index", 0) != 0:
-    raise workdir_lib.ConfigMismatchError(
-        f"checkpoint {step} in {directory} was saved with a data-parallel size of {saved} "
-        f"and this run's is {data_parallel} (the data axis of train.mesh, over this job's "
-        f"devices): its data position, batch {state['index']} of epoch {state.get('epoch')}, "
-        f"would point into batches of another size, skipping and repeating examples. "
-        f"Resume on a data axis of {saved} (train.mesh), or use a new --workdir.")
-  return state
-
-
 def _check_model_axis(config, mesh) -> None:
   """The model axis, sized only now where train.mesh gives it as -1, divides the
   heads and d_ff: a leaf it cannot split would stay replicated without a word."""
@@ -340,12 +314,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   model, tx, abstract, shardings, schedule = state_lib.build(
       config, data.tokenizer.vocab_size, mesh)
   specs = [tuple(s.spec) for s in jax.tree.leaves(shardings.params)]
+  split = lambda axis: sum(axis in spec for spec in specs) if mesh.shape[axis] > 1 else 0
   logging.info("Parameters: %s in %d arrays, %d split over the data axis (FSDP), %d over the "
                "model axis", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}",
-               len(specs), sum(sharding.DATA_AXIS in spec for spec in specs),
-               sum(sharding.MODEL_AXIS in spec for spec in specs))
+               len(specs), split(sharding.DATA_AXIS), split(sharding.MODEL_AXIS))
 
-  data_parallel = sharding.data_size(mesh)
   checkpointer = best = progress = signals = None  # Closed at the end, as far as made.
   try:
     checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
@@ -362,13 +335,9 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       state = state_lib.init_state(model, tx, config, shardings)
     else:
       state, data_state, step = restored
-      data.train_batches.set_state(
-          _resume_position(data_state, data_parallel, checkpointer.directory, step))
+      data.train_batches.set_state(data_state)  # Checks the batches are the saved ones.
       logging.info("Resumed from step %d.", step)
     start = int(state.step)
-
-    def position():  # The data position a checkpoint saves.
-      return {**data.train_batches.get_state(), DATA_PARALLEL: data_parallel}
 
     train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
     progress = _Progress(workdir, config.train.num_steps, start, config.train.log_every)
@@ -417,11 +386,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
         previous = best.best_value(best_metric)
         if previous is None or decoded[best_metric] > previous:
           with progress.timed("save"):
-            best.save(step, state, position(),
+            best.save(step, state, data.train_batches.get_state(),
                       metrics={best_metric: float(decoded[best_metric])})
       if saving:
         with progress.timed("save"):  # Waits for the save before, if still writing.
-          checkpointer.save(step, state, position())
+          checkpointer.save(step, state, data.train_batches.get_state())
       if stopping:
         raise preemption.Preempted(signals.signum, step, checkpointer.directory)
   finally:

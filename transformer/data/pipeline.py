@@ -219,15 +219,31 @@ class TrainBatches:
       return packing.packed_batch(self._examples, rows, length, self._source_pack_length)
     return _padded_batch(self._examples, rows, length)
 
+  def rows(self):
+    """Rows per batch (pack mode), or of each bucket's batches: what an epoch's
+    batches, and so a batch index into them, depend on beyond the data and the
+    seed (tokens_per_batch and the batch multiple set them)."""
+    if self._mode == 'pack':
+      return [self._rows]
+    return [_rows_for(int(length), *self._batching) for length in self._buckets]
+
   def get_state(self):
     return {'epoch': self._epoch, 'index': self._index,
-            'num_examples': len(self._examples)}
+            'num_examples': len(self._examples), 'rows': self.rows()}
 
   def set_state(self, state):
     if state.get('num_examples', len(self._examples)) != len(self._examples):
       raise ValueError(f"state is for {state['num_examples']} examples, this pipeline has "
                        f'{len(self._examples)}: the data or its preprocessing changed')
     epoch, index = int(state['epoch']), int(state['index'])
+    # A position saved before 'rows' was recorded is taken as it is.
+    if index and state.get('rows', self.rows()) != self.rows():
+      raise ValueError(
+          f"the saved data position, batch {index} of epoch {epoch}, is in batches of "
+          f"{state['rows']} rows, and this run's have {self.rows()} (data.tokens_per_batch, "
+          "the data-parallel size or train.grad_accum_steps differ): resuming mid-epoch "
+          "would skip and repeat examples. Resume with the settings it was saved with, "
+          "or from an epoch's start, or use a new --workdir")
     if epoch < 0 or not 0 <= index <= len(self._epoch_plan(epoch)):
       raise ValueError(f'invalid pipeline state {state}')
     self._epoch, self._index = epoch, index
