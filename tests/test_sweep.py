@@ -277,8 +277,13 @@ def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_pat
   assert sweep_lib.run_local(other, workdir, trainer) == {"base": "stale", "ls0": "finished"}
   assert trainer.calls == ["ls0"]  # Its failed attempt left no checkpoint.
   assert results.read_status(os.path.join(workdir, "base")) == before
-  assert sweep_lib.recipe_changes(before, {"base": sweep.base, "overrides": [
-      "train.num_steps=9", "model.dropout=0.3"]}) == ["model.dropout: (base value) -> 0.3"]
+  changes = lambda *overrides: sweep_lib.recipe_changes(
+      before, {"base": sweep.base, "overrides": list(overrides)})
+  assert changes("train.num_steps=9", "model.dropout=0.3") == ["model.dropout: 0.1 -> 0.3"]
+  # Compared as resolved configs: the base's own value, another spelling, and
+  # cadences or the mesh are no change.
+  assert changes("train.num_steps=5", "seed=0", "model.dropout=.1") == []
+  assert changes("train.decode_every=100", "train.mesh=data=-1,model=1") == []
   longer = sweep_lib.resolve(path, sets=["train.num_steps=9"])
   assert sweep_lib.run_local(longer, workdir, FakeTrainer()) == {
       "base": "finished", "ls0": "stale"}

@@ -46,6 +46,7 @@ import contextlib
 import copy
 import dataclasses
 import itertools
+import json
 import os
 import re
 import shlex
@@ -62,7 +63,7 @@ from ml_collections import config_flags
 
 from transformer import results
 from transformer import workdir as workdir_lib
-from transformer.config import ARCHITECTURE_ONLY_FIELDS, check_config
+from transformer.config import ARCHITECTURE_ONLY_FIELDS, check_config, resume_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -246,27 +247,31 @@ def train_subprocess(argv: list, variant_dir: str) -> None:
 
 
 # Fields a rerun may change and still continue a variant's checkpoints: how long
-# it trains, how often it logs and saves, where the data lives, and how fast it
-# runs. Any other change would label steps trained under the old overrides with
-# the new ones.
+# it trains, how often it logs, evaluates, decodes and saves, where the data
+# lives, and how fast it runs. Any other change would label steps trained under
+# the old settings with the new ones.
 CONTINUABLE = ("train.num_steps", "train.log_every", "train.eval_every",
-               "train.checkpoint_every", "train.keep_checkpoints", "data.text_dir",
+               "train.checkpoint_every", "train.keep_checkpoints", "train.decode_every",
+               "train.decode_examples", "train.mesh", "train.fsdp", "data.text_dir",
                "data.tfds_data_dir", "data.prefetch", "model.attention_impl",
                "decode.tokens_per_batch", "decode.concurrent_batches", "decode.compact")
 
 
 def recipe_changes(previous: dict, recipe: dict) -> list:
   """The changes from a variant's recorded recipe ({'base', 'overrides'}) to
-  `recipe` that its checkpoints cannot continue under, as 'field: old -> new'."""
-  def fields(r):
-    return dict(o.partition("=")[::2] for o in r.get("overrides") or [])
-  old, new = fields(previous), fields(recipe)
-  changes = [f"--base: {previous.get('base')} -> {recipe['base']}"
-             ] if previous.get("base") != recipe["base"] else []
-  return changes + [f"{f}: {old.get(f, '(base value)')} -> {new.get(f, '(base value)')}"
-                    for f in sorted(set(old) | set(new))
-                    if old.get(f) != new.get(f) and f not in CONTINUABLE
-                    and not f.startswith("distributed.")]
+  `recipe` that its checkpoints cannot continue under, as 'field: old -> new',
+  compared on the configs they resolve to (a value spelt otherwise, or given
+  where it is the base's own, is no change)."""
+  try:
+    old = load_config(previous.get("base"), previous.get("overrides") or [])
+  except Exception as e:  # pylint: disable=broad-except
+    return [f"the recorded settings no longer load ({e})"]
+  new = load_config(recipe["base"], recipe["overrides"])
+  fixed, free = resume_changes(json.loads(old.to_json_best_effort()),
+                               json.loads(new.to_json_best_effort()))
+  changed = [(f, o, n) for f, o, n, _ in fixed] + free
+  return [f"{f}: {o!r} -> {n!r}" for f, o, n in changed
+          if f not in CONTINUABLE and not f.startswith("distributed.")]
 
 
 def run_local(sweep: Sweep, workdir: str,
