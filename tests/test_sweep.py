@@ -150,7 +150,7 @@ def test_table3_scales_with_its_base():
                                          "D-drop0.2", "D-ls0", "D-ls0.2"]
   assert {v.name: v.error for v in rnn.variants}["E-learned"] == (
       "config.model.positional: has no effect with model.architecture='rnn' "
-      "(a transformer field)")
+      "(only the transformer reads it)")
   # The CPU subset names rows of its own base; on another base they are named, not dropped.
   cpu = os.path.join(ROOT, "configs", "sweeps", "table3_cpu.py")
   assert len(sweep_lib.resolve(cpu).variants) == 12
@@ -501,3 +501,24 @@ def test_collect_labels_the_table_with_what_the_workdirs_trained(tmp_path):
                    "train.label_smoothing=0.2` as the notes above say"]
   with pytest.raises(FileNotFoundError, match="sweep workdir .* does not exist"):
     results.collect(run, str(tmp_path / "none"))
+
+
+def test_collect_without_set_resolves_variants_that_scale_with_the_base_as_run(tmp_path):
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('h{{}}'.format(base.model.num_heads * 2),\n"
+                     "           {{'model.num_heads': base.model.num_heads * 2}})]\n")
+  run = sweep_lib.resolve(path, sets=["model.num_heads=1"])
+  assert [v.name for v in run.variants] == ["base", "h2"]
+  workdir = str(tmp_path / "runs")
+  for variant in run.variants:
+    fake_workdir(os.path.join(workdir, variant.name), variant.config,
+                 {"status": "finished", "steps": 300, "overrides": run.overrides(variant)})
+  plain = sweep_lib.resolve(path)
+  assert [v.name for v in plain.variants] == ["base", "h8"]
+  assert [v.name for v in sweep_lib.as_run(plain, workdir).variants] == ["base", "h2"]
+
+
+def test_a_set_the_bases_architecture_does_not_read_stops_the_sweep(tmp_path):
+  with pytest.raises(ValueError, match=r"config.model.rnn_cell: has no effect with "
+                     r"model.architecture='transformer' \(only the rnn reads it\)"):
+    sweep_lib.resolve(write_sweep(tmp_path), sets=["model.rnn_cell=lstm"])

@@ -147,8 +147,8 @@ def _check_architecture_fields(config, overrides) -> None:
     others = [a for a, fields in ARCHITECTURE_ONLY_FIELDS.items()
               if a != architecture and name in fields]
     if section == "model" and others:
-      raise ValueError(f"config.model.{name}: has no effect with "
-                       f"model.architecture={architecture!r} (a {others[0]} field)")
+      raise ValueError(f"config.model.{name}: has no effect with model.architecture="
+                       f"{architecture!r} (only the {others[0]} reads it)")
 
 
 def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
@@ -162,6 +162,7 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
       raise ValueError(f"--set config.{field}: unknown field (not in {base})")
   base_config = load_config(base, sets)
   check_config(base_config)
+  _check_architecture_fields(base_config, sets)  # A --set the base cannot use stops here.
   entries = [("base", {})] + list(module.get_sweep(copy.deepcopy(base_config)))
   sweep = Sweep(path, base, sets, [])
   names = set()
@@ -318,6 +319,17 @@ def run_local(sweep: Sweep, workdir: str,
   return done
 
 
+def as_run(sweep: Sweep, workdir: str) -> Sweep:
+  """The sweep resolved with the --set its base variant was trained with (its
+  sweep_status.json), where that differs: variants that scale with the base
+  have the names and overrides of the run."""
+  recorded = (results.read_status(os.path.join(workdir, sweep.variants[0].name)) or {}
+              ).get("overrides")
+  if recorded is None or recorded == sweep.sets:
+    return sweep
+  return resolve(sweep.path, sweep.base, recorded)
+
+
 def describe(sweep: Sweep) -> str:
   """The --list table: variants, parameters (at data.vocab_size) and overrides;
   invalid variants with their reason."""
@@ -388,7 +400,8 @@ def main(argv):
     print(slurm_script(sweep, workdir, os.path.basename(workdir)), end="")
   elif f.collect:
     try:
-      print(results.collect(sweep, workdir, f.checkpoint), end="")
+      print(results.collect(as_run(sweep, workdir) if not f.set else sweep, workdir,
+                            f.checkpoint), end="")
     except (OSError, ValueError) as e:
       sys.exit(f"sweep: error: {e}")
     print(f"wrote {os.path.join(workdir, 'results.md')} and results.csv", file=sys.stderr)
