@@ -163,8 +163,6 @@ def _bad_value(field):
     return st.integers(max_value=0)
   if field == "seed":  # jax.random.key keeps 32 bits.
     return st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32))
-  if field == "decode.tokens_per_batch":  # 0 (= data's) or at least the longest bucket.
-    return st.one_of(st.integers(max_value=-1), st.integers(1, 63))  # default's max_length 64.
   if field in NON_NEGATIVE_INTS:
     return st.integers(max_value=-1)
   if field in UNIT_FLOATS:

@@ -184,8 +184,10 @@ class WorkdirLock:
                       "running.", self.workdir, describe(stale))
       os.remove(self.path)
     finally:
-      os.close(fd)
-      os.remove(guard)
+      try:
+        os.close(fd)
+      finally:
+        os.remove(guard)
 
   def release(self) -> None:
     """Removes the file (a clean exit leaves nothing to take over) and unlocks."""
