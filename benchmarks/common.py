@@ -48,14 +48,28 @@ SIZES = {
 }
 
 
+# The model fields a Size carries; the benchmark runs configs/base.py's model
+# (the paper's, as nn.Transformer builds it too) with these set.
+SIZE_FIELDS = ("num_layers", "d_model", "d_ff", "num_heads", "dropout", "dtype", "max_len")
+
+
 def size_from_config(path, tokens_per_batch=4096, max_length=64):
-  """A Size with the model of any config file (its data.vocab_size as the vocabulary)."""
+  """A Size with the model of a config file (`file.py` or `file.py:argument`; its
+  data.vocab_size as the vocabulary). A config whose model differs from the
+  paper's in other fields (an RNN, learned positions, pre-LN...) is refused:
+  the benchmark would run another model than it names."""
+  path, _, argument = path.partition(":")
   spec = importlib.util.spec_from_file_location("bench_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  config = module.get_config()
-  m = config.model
-  name = os.path.splitext(os.path.basename(path))[0]
+  config = module.get_config(argument) if argument else module.get_config()
+  m, paper = config.model, base_config.get_config().model
+  other = [f"model.{k}={m[k]!r}" for k in paper.keys()
+           if k not in SIZE_FIELDS and k in m and m[k] != paper[k]]
+  if other:
+    raise ValueError(f"--config {path}: the benchmark runs the paper's Transformer at a "
+                     f"config's sizes, and this config also sets {', '.join(other)}")
+  name = os.path.splitext(os.path.basename(path))[0] + (f"_{argument}" if argument else "")
   return Size(name, m.num_layers, m.d_model, m.d_ff, m.num_heads, config.data.vocab_size,
               tokens_per_batch=tokens_per_batch, max_length=min(max_length, m.max_len),
               dropout=m.dropout)
@@ -164,9 +178,11 @@ def summarize(size: Size, batches, times, cpu_times, losses, faults):
   """
   tgt = sum(token_counts(b)[0] for b in batches)
   both = sum(token_counts(b)[1] for b in batches)
+  slots = sum(b["inputs"].size + b["targets"].size for b in batches)
   flops = sum(batch_flops(size, b) for b in batches)
   return {"step_s_median": float(np.median(times)), "step_s_all": list(times),
           "target_tokens_per_s": tgt / sum(times), "tokens_per_s": both / sum(times),
+          "padding_source_target": 1.0 - both / slots,  # Of these timed batches.
           "flops_per_step": flops / len(batches), "flops_per_s": flops / sum(times),
           "page_faults_per_step": faults / len(batches),
           "cpu_s_per_step": float(np.median(cpu_times)),

@@ -8,12 +8,23 @@
 # on an image without it). About 9 minutes in all on one H200.
 # Logs and JSON go to $OUT (default /tmp/gpu_check).
 #   bash benchmarks/gpu_check.sh
+# It needs JAX with CUDA, PyTorch and transformers (requirements-bench.txt), and
+# requirements.txt's pure-Python packages (flax, optax, orbax-checkpoint,
+# ml-collections, clu). An image that lacks the latter takes them as wheels in
+# .whl/ (`pip download --no-deps -d .whl ...` on a machine with network): they
+# are installed into $SITE (default /tmp/site), put first on PYTHONPATH.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 PYTHON=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" > /dev/null; then
+  SITE=${SITE:-/tmp/site}
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
 T0=$(date +%s)
 stage() { echo "=== [$(( $(date +%s) - T0 )) s] $*"; }
 quiet() { grep -v "^WARNING" "$1" | tail -"$2"; }

@@ -64,9 +64,10 @@ def main(argv=None):
   print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   print(f"{'shape':<32} {'jnp.dot GFLOP/s':>16} {'torch.mm GFLOP/s':>17} {'ratio':>6}")
   rows = []
+  cpu = jax.devices("cpu")[0]  # torch.mm runs on the CPU here: so does jnp.dot, on any host.
   for name, m, k, n in step_shapes(common.SIZES[args.size]):
-    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+    a = jax.device_put(jax.random.normal(jax.random.key(0), (m, k), jnp.float32), cpu)
+    b = jax.device_put(jax.random.normal(jax.random.key(1), (k, n), jnp.float32), cpu)
     ours = 2 * m * k * n / best_seconds(lambda: dot(a, b).block_until_ready(), args.repeats)
     theirs = None
     if torch is not None:

@@ -253,6 +253,7 @@ def _train_figures(r):
       "train source+target tokens/s": r["tokens_per_s"],
       "train GFLOP per step": r["flops_per_step"] / 1e9,
       "train GFLOP/s": r["flops_per_s"] / 1e9,
+      "train padding (source+target) %": 100 * r["padding_source_target"],  # Timed batches.
       "train MFU (padded) %": None,  # Set in main() against the best peak of the run.
       "train MFU (real tokens) %": None,
       "train CPU s per step (median)": r["cpu_s_per_step"],
@@ -365,7 +366,13 @@ def main(argv=None):
       p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
 
   names = ["smoke"] if args.smoke else [args.config] if args.config else args.sizes.split(",")
-  sizes = [common.size_from_config(n) if n.endswith(".py") else common.SIZES[n] for n in names]
+  try:
+    sizes = [common.size_from_config(n) if n.partition(":")[0].endswith(".py")
+             else common.SIZES[n] for n in names]
+  except (OSError, ValueError) as e:
+    p.error(str(e))
+  except KeyError as e:
+    p.error(f"--sizes: no size {e} (sizes: {', '.join(common.SIZES)})")
   overrides = {k: v for k, v in (("train_steps", args.steps),
                                  ("tokens_per_batch", args.tokens_per_batch),
                                  ("decode_sentences", args.decode_sentences),
@@ -399,6 +406,8 @@ def main(argv=None):
       "data": args.data_dir or "synthetic", "max_extra_len": args.max_extra_len,
       "torch": use_torch and __import__("torch").__version__,
       "torch_device": use_torch and torch_bench.DEVICE,
+      # What --dtype float32 products run as, on both sides (see torch_bench).
+      "float32_matmul": use_torch and torch_bench.FLOAT32_MATMUL,
       "transformers": use_marian and marian_bench.VERSION,
       "sizes": {s.name: dataclasses.asdict(s) for s in sizes}}}
   n = peak_size(args.smoke)
@@ -434,7 +443,7 @@ def main(argv=None):
   for res in results["sizes"].values():
     for side in (res["ours"], res["pytorch"]):
       if "train GFLOP/s" in side:
-        padding = side["data padding (source+target) %"] / 100  # Each side's own batches.
+        padding = side["train padding (source+target) %"] / 100  # The timed batches'.
         side["train MFU (padded) %"] = 100 * side["train GFLOP/s"] * 1e9 / peak
         side["train MFU (real tokens) %"] = side["train MFU (padded) %"] * (1 - padding)
   results["meta"]["load_average_end"] = os.getloadavg()

@@ -66,6 +66,9 @@ def test_our_half(smoke):
   assert ours["train compiled shapes after warm-up"] >= 1
   assert 0 <= ours["data padding (target) %"] < 100
   assert results["matmul_peak_gflops"]["ours"] > 0
+  # MFU on real tokens: the timed batches' own padding, not the epoch's.
+  assert ours["train MFU (real tokens) %"] == pytest.approx(
+      ours["train MFU (padded) %"] * (1 - ours["train padding (source+target) %"] / 100))
   for malloc in ("default malloc", "hugetlb=1"):
     probe = results["malloc"][malloc]
     assert math.isfinite(probe["step_s_median"]) and probe["step_s_median"] > 0
@@ -201,6 +204,21 @@ def test_profile_interleaves_a_variant_over_the_baseline_s_dtype_batch_and_packi
   assert set(results["interleaved"]) == {"baseline", "reference_attn"}
   for r in results["interleaved"].values():
     assert r["step"] > 0 and r["target_tokens_per_s"] > 0
+
+
+def test_config_sizes_are_the_paper_model_s_or_refused():
+  """--config runs configs/base.py's model at a config's sizes: a config that also
+  sets other model fields (the RNN) would be benchmarked as something else."""
+  size = common.size_from_config("configs/multi30k.py:de-en")
+  assert (size.name, size.num_layers, size.d_model, size.num_heads) == ("multi30k_de-en", 3, 256, 4)
+  with pytest.raises(ValueError, match=r"also sets model.architecture='rnn'"):
+    common.size_from_config("configs/rnn_scan.py")
+
+
+def test_timed_batches_padding_counts_both_sides():
+  batch = {"inputs": np.array([[5, 6, 0, 0]]), "targets": np.array([[5, 0]])}
+  figures = common.summarize(common.SIZES["smoke"], [batch], [1.0], [1.0], [1.0], 0)
+  assert figures["padding_source_target"] == pytest.approx(1 - 3 / 6)
 
 
 def test_epoch_tokens_per_s_weights_each_shape_by_its_batches():
