@@ -35,10 +35,10 @@ subprocess of train.py: a crash or a leak in one variant cannot take the sweep
 down, and what runs is exactly the command `--emit commands` prints. A variant
 is finished when its sweep_status.json says so for the same base and overrides;
 a rerun skips it, and restarts any other (train.py resumes from its latest
-checkpoint) unless its checkpoints were trained with other overrides than
-CONTINUABLE ones (a longer num_steps, cadences, data paths): such a variant is
-reported 'stale' and left as it is, so that no row is labelled with settings it
-did not train under. A variant that fails is recorded as failed, with its error,
+checkpoint) unless its checkpoints were trained with other settings than
+CONTINUABLE ones (num_steps, cadences, the mesh, data paths, speed-only fields),
+compared on the resolved configs: such a variant is reported 'stale' and left
+as it is, so that no row is labelled with settings it did not train under. A variant that fails is recorded as failed, with its error,
 and the sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
 """
 
