@@ -171,6 +171,20 @@ def _abstract(tree, shardings):
                       tree, shardings)
 
 
+def replaced_aside(directory: str) -> list:
+  """(step, path) of each best checkpoint moved aside (<step>.replaced, or
+  .replaced.1, ...) while a better one of its step is saved."""
+  if not os.path.isdir(directory):
+    return []
+  found = []
+  for name in sorted(os.listdir(directory)):
+    step, _, rest = name.partition(".")
+    path = os.path.join(directory, name)
+    if step.isdigit() and f".{rest}".startswith(REPLACED_SUFFIX) and os.path.isdir(path):
+      found.append((int(step), path))
+  return found
+
+
 def _free_name(path: str) -> str:
   """`path`, or `path.1`, `path.2`, ...: the first name not taken."""
   name, n = path, 0
@@ -348,14 +362,8 @@ class Checkpointer:
   def _recover_replaced(self) -> None:
     """Settles what a run killed while replacing a best checkpoint left: the old
     one moved aside, and the new one complete or not."""
-    if not os.path.isdir(self.directory):
-      return
-    for name in sorted(os.listdir(self.directory)):
-      step, _, rest = name.partition(".")
-      if step.isdigit() and f".{rest}".startswith(REPLACED_SUFFIX):
-        moved = os.path.join(self.directory, name)
-        if os.path.isdir(moved):
-          self._settle(int(step), moved)
+    for step, moved in replaced_aside(self.directory):
+      self._settle(step, moved)
 
   def restore(self, abstract_state, shardings, step=None):
     """(state, data_state, step) of `step`, or of the newest readable checkpoint.

@@ -114,17 +114,16 @@ def checkpoint_location(workdir: str, checkpoint: str = "latest"):
     raise ValueError(f"checkpoint must be a step number or one of {sorted(CHECKPOINT_DIRS)}, "
                      f"got {checkpoint!r}")
   path = os.path.join(workdir, CHECKPOINT_DIRS[checkpoint])
-  if checkpoint == "best" and os.path.isdir(path):
+  if checkpoint == "best":
     # Training moves the kept best aside while it saves a better one of the same
     # step (checkpoints.Checkpointer.save); a reader does not move it back.
-    aside = [n for n in sorted(os.listdir(path)) if n.partition(".")[0].isdigit()
-             and n.partition(".")[2].startswith(checkpoints.REPLACED_SUFFIX[1:])
-             and not os.path.isdir(os.path.join(path, n.partition(".")[0]))]
+    aside = [moved for step, moved in checkpoints.replaced_aside(path)
+             if not os.path.isdir(os.path.join(path, str(step)))]
     if aside:
       raise FileNotFoundError(
-          f"the best checkpoint in {path} is being replaced ({aside[0]}): rerun once "
-          "training has saved the new one; after a killed run, the next train.py on this "
-          "workdir puts the old one back")
+          f"the best checkpoint in {path} is being replaced ({os.path.basename(aside[0])}): "
+          "rerun once training has saved the new one; after a killed run, the next "
+          "train.py on this workdir puts the old one back")
   if checkpoint == "averaged" and not os.path.isdir(path):
     # average_checkpoints killed between moving the previous average aside and
     # moving the new one in: the previous one is complete, under another name.
