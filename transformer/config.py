@@ -234,11 +234,21 @@ def check_config(config) -> None:
   check(not (config.data.batching == "pack" and architecture == "rnn"), "data.batching",
         "config.model.architecture='rnn' does not support packed rows; use 'bucket'")
   mesh = parse_mesh(config.train.get("mesh", DEFAULT_MESH))
-  if architecture == "transformer":
-    for field in ("num_heads", "d_ff"):  # The model axis splits heads and hidden units.
-      check(mesh["model"] == -1 or config.model[field] % mesh["model"] == 0, "train.mesh",
-            f"the model axis ({mesh['model']}) must divide model.{field}={config.model[field]}")
+  if mesh["model"] != -1:  # A -1 axis is sized, and checked, once the devices are known.
+    check_model_axis(config, mesh["model"])
   model_config(config)  # The model fields check themselves.
+
+
+def check_model_axis(config, size: int, devices: str = "") -> None:
+  """A ValueError naming config.train.mesh unless a model axis of `size` divides
+  the Transformer's heads and hidden units, which it splits. `devices` adds to
+  the message where the size came from."""
+  if config.model.get("architecture", "transformer") != "transformer":
+    return
+  for field in ("num_heads", "d_ff"):
+    if config.model[field] % size:
+      raise ValueError(f"config.train.mesh={config.train.mesh!r}: the model axis ({size}"
+                       f"{devices}) must divide model.{field}={config.model[field]}")
 
 
 # What a resumed run may change. Its checkpoints hold parameters, optimizer

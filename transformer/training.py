@@ -19,7 +19,7 @@ from transformer import checkpoints, data as data_lib, files, inference, lock, l
 from transformer import metrics as metrics_lib
 from transformer import distributed, preemption, sharding, state as state_lib
 from transformer import workdir as workdir_lib
-from transformer.config import check_config, resolve_dtype
+from transformer.config import check_config, check_model_axis, resolve_dtype
 
 Array = jax.Array
 
@@ -228,16 +228,9 @@ def _check_finite(step, metrics_list, checkpointer):
 
 
 def _check_model_axis(config, mesh) -> None:
-  """The model axis, sized only now where train.mesh gives it as -1, divides the
-  heads and d_ff: a leaf it cannot split would stay replicated without a word."""
-  size = mesh.shape[sharding.MODEL_AXIS]
-  if config.model.get("architecture", "transformer") != "transformer":
-    return
-  for field in ("num_heads", "d_ff"):
-    if config.model[field] % size:
-      raise ValueError(f"config.train.mesh={config.train.mesh!r}: the model axis ({size}, "
-                       f"of {jax.device_count()} devices) must divide "
-                       f"model.{field}={config.model[field]}")
+  """check_model_axis on the mesh's model axis, sized only now where train.mesh
+  gives it as -1: a leaf it could not split would stay replicated without a word."""
+  check_model_axis(config, mesh.shape[sharding.MODEL_AXIS], f", of {jax.device_count()} devices")
 
 
 def _check_eval_batches(config, mesh, eval_examples) -> None:
@@ -349,10 +342,8 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       waited = time.perf_counter()
       batch = sharding.place_batch(next(data.train_batches), mesh)
       progress.input_wait += time.perf_counter() - waited
-      if step == start + 1:  # Compiles (synchronously, in the call) before it runs.
-        with progress.timed("compile"):
-          state, metrics = train_fn(state, batch)
-      else:
+      # The first call compiles (synchronously, in the call) before it runs.
+      with progress.timed("compile") if step == start + 1 else contextlib.nullcontext():
         state, metrics = train_fn(state, batch)
       pending.append(metrics)
       last = step == config.train.num_steps
