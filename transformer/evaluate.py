@@ -42,7 +42,7 @@ from absl import flags
 import jax
 
 from transformer import data as data_lib
-from transformer import distributed, files, inference, runtime, training
+from transformer import decode, distributed, files, inference, runtime, training
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 from transformer.config import SCORED_DECODE_MODES
@@ -71,7 +71,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   config = workdir_lib.load_config(workdir)
   split = split or config.data.test_split
   settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact)
-  inference.check_settings(mode, **settings)
+  decode.check_settings(mode, **settings)
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
   chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit)
   # The first chunk first: a bad split fails before the checkpoint is read, and

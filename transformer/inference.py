@@ -31,9 +31,6 @@ def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None,
   return {k: saved[k] if v is None else v for k, v in given.items()}
 
 
-check_settings = decode.check_settings  # Checked before any work, then by each decode.
-
-
 def batches_at_once(config, mesh, requested=None) -> int:
   """How many batches decode_ids runs at once, each from its own thread.
 
@@ -90,7 +87,8 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   `concurrent_batches`: batches decoded at once (see batches_at_once); every
   program is compiled before the first batch runs.
   """
-  check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k)
+  # Checked before any work (each decode checks them again).
+  decode.check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k)
   workers = batches_at_once(config, mesh, concurrent_batches)  # A bad value fails first.
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
