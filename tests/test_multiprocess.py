@@ -184,6 +184,28 @@ def test_two_processes_train_as_one_with_fsdp(data_dir, tmp_path):
   assert len(split) == 2 and all(int(n) > 0 for n in split), output[-5000:]
 
 
+def test_a_checkpoint_one_process_cannot_read_is_skipped_by_all(tmp_path):
+  """Each process reads only its own part of a split array: where process 1's
+  part of the newest checkpoint is damaged, process 0 reads its part fine. Both
+  still take the next older checkpoint together (apart, they would meet in
+  different collectives and hang or compute garbage), and process 0 names
+  process 1's error."""
+  directory = str(tmp_path / "checkpoints")
+  check = "tests/multiprocess_restore_check.py"
+  run_job([check, directory, "save"])
+  parts = glob.glob(os.path.join(directory, "2", "state", "ocdbt.process_1", "d", "*"))
+  assert parts, os.listdir(os.path.join(directory, "2", "state"))
+  for part in parts:
+    os.truncate(part, 1000)
+  output = run_job([check, directory, "restore"])
+  for p in ("0", "1"):
+    assert f"[p{p}] process {p} restored step 1, data {{'step': 1}}, its shards as saved" \
+        in output, output[-5000:]
+  assert re.search(r"\[p0\] .*Checkpoint step 2 is unreadable \(process 1 could not read "
+                   r"its part: ", output), output[-5000:]
+  assert sorted(os.listdir(directory)) == ["1", "2.unreadable"]
+
+
 @pytest.mark.long
 def test_tensor_parallel_within_each_process_trains_as_one_process(data_dir, tmp_path):
   """--config.train.mesh=data=2,model=2 in 2 processes of 2 devices (each host

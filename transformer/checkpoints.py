@@ -29,7 +29,10 @@ close() then removes what the failed save had written. Training stops there,
 and a rerun resumes from the last good regular checkpoint.
 
 In a multi-process job every process runs the same calls; process 0 alone
-moves checkpoint directories aside (and back), and the others wait for it.
+moves checkpoint directories aside (and back), and the others wait for it. Each
+process reads only its own shards, so a damaged file can fail one process's
+read alone: the processes share what each read met, and a step that any of them
+could not read is unreadable for all.
 """
 
 import glob
@@ -157,6 +160,59 @@ def _check(state, data_state, saved: dict) -> None:
                      "changed after they were written")
 
 
+class _ReadFailure:
+  """What a process's read of a checkpoint item returned instead of raising."""
+
+  def __init__(self, error: Exception):
+    self.error = error
+
+
+def _reporting(handler_cls):
+  """`handler_cls`, but a failed read returns a _ReadFailure instead of raising:
+  Orbax's restore ends at a barrier of all processes, which a process that
+  raised would never reach. Checkpoints record `handler_cls` as their handler."""
+
+  class Reporting(handler_cls):
+
+    @classmethod
+    def typestr(cls) -> str:
+      return handler_cls.typestr()
+
+    def restore(self, directory, args=None):
+      try:
+        return super().restore(directory, args=args)
+      except Exception as e:  # pylint: disable=broad-except
+        return _ReadFailure(e)
+
+  return Reporting
+
+
+def _handlers():
+  """Orbax's handler registry for a checkpoint's items: the standard handler for
+  the state, JSON for the data position and the checksums, each _reporting."""
+  registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+  for item, handler_cls, save, restore in (
+      ("state", ocp.StandardCheckpointHandler, ocp.args.StandardSave, ocp.args.StandardRestore),
+      ("data", ocp.JsonCheckpointHandler, ocp.args.JsonSave, ocp.args.JsonRestore),
+      ("checksums", ocp.JsonCheckpointHandler, ocp.args.JsonSave, ocp.args.JsonRestore)):
+    handler = _reporting(handler_cls)()
+    registry.add(item, save, handler)
+    registry.add(item, restore, handler)
+  return registry
+
+
+def _agreed_failure(error):
+  """Why a checkpoint read failed, in every process alike: this process's error,
+  else the first other process's (named), else None."""
+  messages = distributed.gather_messages("" if error is None else _first_line(error))
+  if error is not None:
+    return _first_line(error)
+  for process, message in enumerate(messages):
+    if message:
+      return f"process {process} could not read its part: {message}"
+  return None
+
+
 def complete_steps(directory: str) -> list:
   """The steps whose checkpoint directories are complete in `directory` (Orbax
   renames a step's directory into place only once it is written), read from the
@@ -228,7 +284,7 @@ class Checkpointer:
         create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
         lightweight_initialize=read_only, **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "data", "checksums"))
+                                          handler_registry=_handlers())
     self._pending = None  # The step being written in the background.
     self._failed = False  # A CheckpointSaveError was raised: close() reports no more.
 
@@ -383,25 +439,37 @@ class Checkpointer:
     target = _abstract(abstract_state, shardings)
     errors, failed = [], []
     for candidate in candidates:
+      error = None
+      checked = os.path.isdir(os.path.join(self.directory, str(candidate), "checksums"))
       try:
         items = dict(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
-        checked = os.path.isdir(os.path.join(self.directory, str(candidate), "checksums"))
         if checked:
           items["checksums"] = ocp.args.JsonRestore()
         restored = self._manager.restore(candidate, args=ocp.args.Composite(**items))
-        if checked:
-          _check(restored.state, restored.data, restored.checksums)
-      except NewerCheckpointError as e:
-        raise NewerCheckpointError(f"checkpoint {candidate} in {self.directory}: {e}") from e
+        failures = [restored[k] for k in items if isinstance(restored[k], _ReadFailure)]
+        if failures:
+          error = failures[0].error
       except Exception as e:  # pylint: disable=broad-except
+        error = e
+      # Each process reads only its own shards: all take a step that any of
+      # them could not read as unreadable, before the checksums' collective.
+      reason = _agreed_failure(error)
+      if reason is None and checked:
+        try:  # The same outcome in every process: global checksums, one saved file.
+          _check(restored.state, restored.data, restored.checksums)
+        except NewerCheckpointError as e:
+          raise NewerCheckpointError(f"checkpoint {candidate} in {self.directory}: {e}") from e
+        except Exception as e:  # pylint: disable=broad-except
+          error, reason = e, _first_line(e)
+      if reason is not None:
         if step is not None:
           raise UnreadableCheckpointError(
               f"checkpoint {candidate} in {self.directory} is unreadable (damaged or "
-              f"incomplete files): {_first_line(e)}") from e
-        errors.append(f"step {candidate}: {_first_line(e)}")
+              f"incomplete files): {reason}") from error
+        errors.append(f"step {candidate}: {reason}")
         failed.append(candidate)
         logging.warning("Checkpoint step %d is unreadable (%s); trying an older one.",
-                        candidate, _first_line(e))
+                        candidate, reason)
         continue
       if errors:
         logging.warning("Restored step %d after skipping unreadable checkpoints: %s",

@@ -24,6 +24,7 @@ from typing import Optional
 
 from absl import logging
 import jax
+import numpy as np
 
 from transformer import preemption, runtime
 
@@ -159,6 +160,19 @@ def barrier(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices(name)
+
+
+def gather_messages(message: str, limit: int = 400) -> list:
+  """Every process's `message` (its first `limit` bytes), in process order: one
+  collective that every process calls, so that what one process alone saw (a
+  file it could not read, say) becomes what all of them act on, instead of each
+  going its own way into the next collective."""
+  if jax.process_count() == 1:
+    return [message]
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  data = np.frombuffer(message.encode()[:limit].ljust(limit, b"\0"), np.uint8)
+  rows = multihost_utils.process_allgather(data)
+  return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in np.asarray(rows)]
 
 
 def process_0_first(fn, name: str):
