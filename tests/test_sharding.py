@@ -32,6 +32,36 @@ def test_a_mesh_larger_than_the_job_is_refused():
     sharding.make_mesh(spec="data=1,model=64")
 
 
+class FakeDevice:
+  """What the mesh layout reads of a device."""
+
+  def __init__(self, id, process_index):  # pylint: disable=redefined-builtin
+    self.id, self.process_index = id, process_index
+    self.platform = self.device_kind = "cpu"
+
+  def __repr__(self):
+    return f"d{self.id}@p{self.process_index}"
+
+
+def test_the_mesh_is_laid_out_host_by_host_whatever_the_device_ids():
+  """A TPU pod's device ids interleave its hosts (host 0 holds 0, 1, 4, 5):
+  each host's devices still fill whole rows of their own, hosts in order, so
+  that each host's batch rows are its own and the model axis stays in a host."""
+  hosts = [0, 0, 1, 1, 0, 0, 1, 1]
+  devices = [FakeDevice(i, p) for i, p in enumerate(hosts)]
+  for data, model in ((8, 1), (4, 2), (2, 4)):
+    grid = sharding.device_grid(devices, data, model)
+    assert grid.shape == (data, model)
+    row_hosts = [{d.process_index for d in row} for row in grid]
+    assert all(len(h) == 1 for h in row_hosts), grid
+    assert [h.pop() for h in row_hosts] == sorted(hosts)[::model], grid
+    assert sorted(d.id for d in grid.flat) == list(range(8))
+  with pytest.raises(ValueError, match="the model axis must fit in one host"):
+    sharding.device_grid(devices, 1, 8)
+  with pytest.raises(ValueError, match="different numbers of devices"):
+    sharding.device_grid(devices[:7], 7, 1)
+
+
 def test_mesh_for_reading_falls_back_to_data_parallel():
   assert dict(sharding.mesh_for_reading("data=1,model=64").shape) == {
       "data": jax.device_count(), "model": 1}

@@ -12,6 +12,7 @@ import re
 
 from absl import logging
 import jax
+from jax.experimental import mesh_utils
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -62,12 +63,7 @@ def parse_mesh(spec: str) -> dict:
 
 
 def make_mesh(devices=None, spec: str = DEFAULT_MESH) -> Mesh:
-  """A ('data', 'model') mesh over every device of every host (or `devices`).
-
-  Devices are laid out host by host, so a 'model' axis that fits in one host
-  keeps each host's devices on rows of its own: every host then feeds distinct
-  batch rows (place_batch).
-  """
+  """A ('data', 'model') mesh over every device of every host (or `devices`)."""
   devices = jax.devices() if devices is None else list(devices)
   sizes = parse_mesh(spec)
   known = math.prod(s for s in sizes.values() if s != -1)
@@ -78,11 +74,26 @@ def make_mesh(devices=None, spec: str = DEFAULT_MESH) -> Mesh:
   if math.prod(sizes.values()) != len(devices):
     raise ValueError(f"config.train.mesh={spec!r} covers {math.prod(sizes.values())} "
                      f"devices; this job has {len(devices)} (use -1 for one axis)")
-  local = len([d for d in devices if d.process_index == jax.process_index()])
-  if jax.process_count() > 1 and local % sizes[MODEL_AXIS]:
+  return Mesh(device_grid(devices, sizes[DATA_AXIS], sizes[MODEL_AXIS], spec), MESH_AXES)
+
+
+def device_grid(devices, data: int, model: int, spec: str = DEFAULT_MESH) -> np.ndarray:
+  """`devices` as a [data, model] array, host by host: each host's devices fill
+  whole rows of their own, so every host feeds distinct batch rows
+  (place_batch), and a 'model' axis stays inside one host. Within a host, JAX's
+  mesh_utils orders the devices by their interconnect (a TPU's torus); the
+  order of jax.devices() is no guide, as a TPU pod's ids interleave hosts."""
+  hosts = sorted({d.process_index for d in devices})
+  local = len(devices) // len(hosts)
+  if any(sum(d.process_index == h for d in devices) != local for h in hosts):
+    raise ValueError(f"config.train.mesh={spec!r}: the hosts of this job have different "
+                     "numbers of devices; every host needs the same number")
+  if local % model:
     raise ValueError(f"config.train.mesh={spec!r}: the model axis must fit in one "
                      f"host ({local} devices each)")
-  return Mesh(np.asarray(devices).reshape(sizes[DATA_AXIS], sizes[MODEL_AXIS]), MESH_AXES)
+  return mesh_utils.create_hybrid_device_mesh(
+      (data // len(hosts), model), (len(hosts), 1), devices, process_is_granule=True,
+      allow_split_physical_axes=True)
 
 
 def mesh_for_reading(spec: str) -> Mesh:
