@@ -32,6 +32,19 @@ def test_schedulers_are_left_to_jax_detection():
                                                               "slurm")
 
 
+def test_a_slurm_step_with_fewer_tasks_than_gpus_on_a_node_is_warned_of():
+  """JAX gives each SLURM task the one GPU of its SLURM_LOCALID: one task on a
+  node of 8 GPUs would use 1 of them."""
+  node = {"SLURM_GPUS_ON_NODE": "8", "SLURM_NODEID": "1"}
+  assert "8 GPUs and runs 1 task(s)" in distributed.slurm_idle_gpus(
+      {**node, "SLURM_STEP_TASKS_PER_NODE": "8,1"})
+  assert "7 will be idle" in distributed.slurm_idle_gpus(
+      {**node, "SLURM_TASKS_PER_NODE": "1(x2)"})
+  assert distributed.slurm_idle_gpus({**node, "SLURM_STEP_TASKS_PER_NODE": "8(x2)"}) is None
+  assert distributed.slurm_idle_gpus({**node, "SLURM_TASKS_PER_NODE": "4,8"}) is None
+  assert distributed.slurm_idle_gpus({"SLURM_TASKS_PER_NODE": "1(x2)"}) is None  # No GPUs.
+
+
 @pytest.mark.parametrize("environ,message", [
     ({**EXPLICIT, INDEX: "4"}, "JAX_PROCESS_ID=4 is out of range for JAX_NUM_PROCESSES=4"),
     ({**EXPLICIT, INDEX: "-1"}, "JAX_PROCESS_ID=-1 must be >= 0"),

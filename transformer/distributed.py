@@ -80,6 +80,32 @@ def scheduler(environ) -> Optional[str]:
   return None
 
 
+def _tasks_per_node(value: str) -> list:
+  """SLURM's tasks-per-node list, "8(x2),4" -> [8, 8, 4]."""
+  counts = []
+  for part in value.split(","):
+    count, _, times = part.partition("(x")
+    counts += [int(count)] * int(times.rstrip(")") or 1)
+  return counts
+
+
+def slurm_idle_gpus(environ) -> Optional[str]:
+  """A warning where a SLURM job step runs fewer tasks on this node than the
+  node has GPUs: JAX gives each task one GPU (SLURM_LOCALID's), so the others
+  would sit idle without a word. None where that is not the case or unknown."""
+  try:
+    gpus = int(environ["SLURM_GPUS_ON_NODE"])
+    per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ["SLURM_TASKS_PER_NODE"]
+    tasks = _tasks_per_node(per_node)[int(environ.get("SLURM_NODEID", 0))]
+  except (KeyError, ValueError, IndexError):
+    return None
+  if tasks >= gpus:
+    return None
+  return (f"this node has {gpus} GPUs and runs {tasks} task(s) of the job step; JAX "
+          f"gives each task one GPU, so {gpus - tasks} will be idle: run one task per "
+          f"GPU (srun --ntasks-per-node={gpus})")
+
+
 def job_from_env(environ=None) -> Optional[Job]:
   """The job the environment describes, or None for a single process; a bad or
   incomplete setting is a ValueError naming the variable."""
@@ -151,6 +177,8 @@ def maybe_initialize(settings=None) -> Optional[Job]:
     raise JoinError(f"could not join the multi-process job ({where}): "
                     f"{type(e).__name__}: {runtime.first_line(e)}") from e
   logging.info("Process %d of %d joined.", jax.process_index(), jax.process_count())
+  if job.described_by == "slurm" and (idle := slurm_idle_gpus(os.environ)):
+    logging.warning("SLURM: %s.", idle)
   return job
 
 
