@@ -1,9 +1,11 @@
 """Tests for transformer/evaluate.py: the scores against sacreBLEU and hand counts,
 and the command on a tiny trained SCAN workdir (shared with test_translate)."""
 
+import fcntl
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import sacrebleu
 
 from tests.helpers import tiny_experiment
 from transformer import data as data_lib
-from transformer import evaluate, inference, metrics, results, training
+from transformer import evaluate, inference, metrics, results, runtime, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,6 +216,29 @@ def test_a_run_killed_between_chunks_keeps_what_it_wrote(workdir, monkeypatch):
     assert len(f.read().splitlines()) == 20
   assert not os.path.exists(stem + ".txt") and not os.path.exists(stem + ".json")
   os.remove(stem + ".txt.partial")
+
+
+def test_a_second_run_of_the_same_evaluation_stops_and_leaves_the_first_alone(workdir):
+  """Two runs of one evaluation share its file names: while one writes its
+  .txt.partial (and holds its lock), another stops with one line naming the
+  file, and neither empties nor writes into it; once the first ends, a rerun
+  proceeds."""
+  stem = os.path.join(workdir, evaluate.result_name("test[:6]", "latest", "greedy", 4, 0.6))
+  with open(stem + ".txt.partial", "w") as first:
+    first.write("the first run's line\n")
+    first.flush()
+    fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with pytest.raises(runtime.CommandError,
+                       match=r"^another evaluation with the same split, checkpoint and "
+                       rf"settings is writing {re.escape(stem)}\.txt\.partial; wait"):
+      evaluate.run(workdir, split="test[:6]", mode="greedy")
+    with open(stem + ".txt.partial") as f:
+      assert f.read() == "the first run's line\n"
+    assert not os.path.exists(stem + ".txt")
+  result, _ = evaluate.run(workdir, split="test[:6]", mode="greedy")
+  with open(result["hypotheses_file"]) as f:
+    assert len(f.read().splitlines()) == 6
+  assert not os.path.exists(stem + ".txt.partial")
 
 
 def test_decode_ab_compares_compaction_with_the_same_outputs(workdir, tmp_path, monkeypatch,

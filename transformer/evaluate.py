@@ -30,6 +30,7 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
 
 
 import collections
+import fcntl
 import functools
 import itertools
 import json
@@ -89,7 +90,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   # Each chunk's hypotheses are written and flushed before the next chunk is
   # read; the file takes its final name once all are scored, so a killed run
   # leaves what it wrote under .partial, never a short file under the real name.
-  out = open(stem + ".txt.partial", "w", encoding="utf-8") if jax.process_index() == 0 else None  # pylint: disable=consider-using-with
+  out = _open_partial(stem + ".txt.partial") if jax.process_index() == 0 else None
   try:
     for examples, pairs, stats in itertools.chain([first], chunks):
       start, chunk_timings = time.perf_counter(), {}
@@ -106,32 +107,50 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       if out is not None:
         out.write("".join(h + "\n" for h in hypotheses))
         out.flush()
+    if not scorer.count:
+      raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
+    loss = training.loss_metrics(loss_totals)
+    result = {
+        "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
+        "step": int(restored.step), "dataset": config.data.dataset, "split": split,
+        "limit": limit, "mode": mode,
+        "beam_size": beam_size if mode == "beam" else None,
+        "alpha": alpha if mode == "beam" else None, "max_extra_len": settings["max_extra_len"],
+        "compact": settings["compact"] if mode == "beam" else None,
+        "num_sentences": scorer.count, "truncated_sources": truncated,
+        "perplexity": loss["perplexity"], "nll": loss["nll"],
+        "compile_seconds": timings["compile_seconds"],
+        "decode_seconds": timings["decode_seconds"], "batches": timings["batches"],
+        "wall_seconds": wall,
+        "sentences_per_second": scorer.count / max(timings["decode_seconds"], 1e-9),
+        "metrics": scorer.result(), "hypotheses_file": stem + ".txt",
+    }
+    result["signature"] = result["metrics"].get("bleu_signature")
+    if out is not None:  # Renamed while still locked: no other run can have taken it.
+      os.replace(stem + ".txt.partial", stem + ".txt")
+      files.write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
   finally:
     if out is not None:
       out.close()
-  if not scorer.count:
-    raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
-  loss = training.loss_metrics(loss_totals)
-  result = {
-      "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
-      "step": int(restored.step), "dataset": config.data.dataset, "split": split,
-      "limit": limit, "mode": mode,
-      "beam_size": beam_size if mode == "beam" else None,
-      "alpha": alpha if mode == "beam" else None, "max_extra_len": settings["max_extra_len"],
-      "compact": settings["compact"] if mode == "beam" else None,
-      "num_sentences": scorer.count, "truncated_sources": truncated,
-      "perplexity": loss["perplexity"], "nll": loss["nll"],
-      "compile_seconds": timings["compile_seconds"],
-      "decode_seconds": timings["decode_seconds"], "batches": timings["batches"],
-      "wall_seconds": wall,
-      "sentences_per_second": scorer.count / max(timings["decode_seconds"], 1e-9),
-      "metrics": scorer.result(), "hypotheses_file": stem + ".txt",
-  }
-  result["signature"] = result["metrics"].get("bleu_signature")
-  if jax.process_index() == 0:
-    os.replace(stem + ".txt.partial", stem + ".txt")
-    files.write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
   return result, stem + ".json"
+
+
+def _open_partial(path):
+  """`path` opened empty for writing, with an exclusive lock for as long as it
+  is open: a second run of the same evaluation (the same result name) stops
+  instead of emptying the first one's file and writing into it."""
+  out = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    out.close()
+    raise runtime.CommandError(
+        f"another evaluation with the same split, checkpoint and settings is writing "
+        f"{path}; wait for it to end (or stop it) and rerun") from None
+  except OSError:  # A file system without flock: one run at a time is assumed.
+    pass
+  out.truncate(0)
+  return out
 
 
 def define_decode_flags(modes, default_mode):
