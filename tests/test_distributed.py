@@ -1,6 +1,8 @@
 """The job's topology read from the environment, with named errors; timeouts from
 config.distributed. (Jobs of real processes: tests/test_multiprocess.py.)"""
 
+import socket
+
 import pytest
 
 from transformer import distributed
@@ -72,6 +74,23 @@ def test_one_process_runs_first_and_barriers_at_once():
   assert distributed.process_0_first(lambda: calls.append(1) or "done", "x") == "done"
   distributed.barrier("nothing to wait for")
   assert calls == [1]
+
+
+def test_a_coordinator_port_in_use_is_one_line_not_a_crash(monkeypatch):
+  """Process 0 starts the coordinator at the given port; a port another program
+  holds crashed JAX (SIGSEGV) before this check. Other processes only connect."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    environ = {ADDRESS: f"127.0.0.1:{port}", COUNT: "2", INDEX: "0"}
+    monkeypatch.setattr(distributed, "job_from_env", lambda: job_from_env(environ))
+    with pytest.raises(distributed.JoinError,
+                       match=rf"^JAX_COORDINATOR_ADDRESS=127.0.0.1:{port}: port {port} is in "
+                       "use on this host, where process 0 starts the job's coordinator"):
+      distributed.maybe_initialize()
+    distributed.check_coordinator_port(job_from_env({**environ, INDEX: "1"}))
+  distributed.check_coordinator_port(job_from_env(environ))  # Free again.
 
 
 def test_a_job_that_cannot_be_joined_is_one_line(monkeypatch):

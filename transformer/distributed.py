@@ -17,7 +17,9 @@ for the other processes is config.distributed (configs/base.py).
 
 import contextlib
 import dataclasses
+import errno
 import os
+import socket
 import sys
 import traceback
 from typing import Optional
@@ -137,6 +139,32 @@ def job_from_env(environ=None) -> Optional[Job]:
   return Job(address, count, index, "environment" if managed is None else managed)
 
 
+def check_coordinator_port(job: Job) -> None:
+  """JoinError where this process starts the coordinator (process 0 of a job
+  whose address is given) and its port is taken on this host: JAX's gRPC
+  server then fails to bind and the process dies of a segmentation fault."""
+  if job.coordinator_address is None or job.process_id != 0:
+    return
+  port = int(job.coordinator_address.rpartition(":")[2])
+  # Bound as JAX's server binds ('[::]', all interfaces; IPv4 where IPv6 is off).
+  for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+    try:
+      probe = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+      continue
+    with probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        probe.bind((host, port))
+      except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+          raise JoinError(f"{ADDRESS}={job.coordinator_address}: port {port} is in use on "
+                          "this host, where process 0 starts the job's coordinator; choose "
+                          "a free port") from None
+        continue
+      return
+
+
 def timeouts(settings=None) -> dict:
   """config.distributed's timeouts in seconds, JAX's defaults for any missing
   (`settings`: a ConfigDict, a dict or None)."""
@@ -150,6 +178,7 @@ def maybe_initialize(settings=None) -> Optional[Job]:
   job = job_from_env()
   if job is None or jax.distributed.is_initialized():
     return job
+  check_coordinator_port(job)
   wait = timeouts(settings)
   # Cross-process collectives on the CPU backend need an implementation: gloo is
   # JAX's default in the version pinned here, none in older ones. It changes
