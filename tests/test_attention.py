@@ -284,11 +284,12 @@ def test_beam_attention_equals_the_reference_over_gathered_caches(score, dtype,
   """beam_attention over slots that beams never leave equals reference_attention
   over each beam's own cache, gathered position by position from the slot its
   lineage names; positions no beam has reached yet (all False) are ignored. The
-  keys may be cached [N, H, S, K] or transposed, [N, H, K, S]."""
-  B, J, H, K, S, P = 2, 3, 2, 8, 7, 5  # P positions written so far.
+  keys may be cached [N, H, S, K] or transposed, [N, H, K, S]. The values' head
+  size (d_v) differs from the keys' (d_k), as in Table 3's row B."""
+  B, J, H, K, Kv, S, P = 2, 3, 2, 8, 6, 7, 5  # P positions written so far.
   rng = np.random.default_rng(5)
   q, k, v = (jnp.asarray(rng.normal(size=shape), dtype) for shape in
-             ((B * J, 1, H, K), (B * J, H, S, K), (B * J, H, S, K)))
+             ((B * J, 1, H, K), (B * J, H, S, K), (B * J, H, S, Kv)))
   slot_NxP = rng.integers(0, J, (B * J, P))
   lineage = np.zeros((B * J, J, S), bool)
   for n, p in itertools.product(range(B * J), range(P)):
@@ -311,7 +312,7 @@ def test_beam_attention_equals_the_reference_over_gathered_caches(score, dtype,
   want = attention.reference_attention(
       q.astype(jnp.float32), jnp.asarray(gather(k)), jnp.asarray(gather(v)), mask,
       score=score, score_params=params, heads_major=True)
-  assert got.shape == (B * J, 1, H, K) and got.dtype == dtype
+  assert got.shape == (B * J, 1, H, Kv) and got.dtype == dtype
   np.testing.assert_allclose(np.asarray(got, np.float32), want,
                              atol=1e-5 if dtype == jnp.float32 else 2e-2)
 

@@ -93,11 +93,12 @@ decode_jit = jax.jit(decode.encode_and_decode, **FAST,
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_model(score='scaled_dot', track_beams=True):
-  """(the tiny Transformer's decoding contract, its parameters)."""
+def tiny_model(score='scaled_dot', track_beams=True, d_k=0):
+  """(the tiny Transformer's decoding contract, its parameters); d_k 0 is
+  d_model / h, as d_v always is."""
   cfg = ModelConfig(input_vocab_size=M_V, output_vocab_size=M_V, num_layers=2,
                     d_model=32, d_ff=64, num_heads=2, dropout=0.0, max_len=16,
-                    attention_score=score)
+                    attention_score=score, d_k=d_k)
   model = Transformer(cfg)
   ones = jnp.ones((1, 4), jnp.int32)
   return (TransformerDecoding(model, track_beams=track_beams),
@@ -248,11 +249,12 @@ def test_model_beam_size_one_equals_greedy():
       decode_jit(mode='beam', beam_size=1, alpha=0.0, eos_id=M_EOS, **kw), greedy)
 
 
-@pytest.mark.parametrize('score,track_beams,keys_transposed', [
-    ('scaled_dot', False, False), ('scaled_dot', True, True), ('scaled_dot', True, False),
-    ('additive', True, True)])
+@pytest.mark.parametrize('score,track_beams,keys_transposed,d_k', [
+    ('scaled_dot', False, False, 0), ('scaled_dot', True, True, 0),
+    ('scaled_dot', True, False, 0), ('additive', True, True, 0),
+    ('scaled_dot', True, False, 8), ('general', True, True, 8)])
 def test_model_reordered_cache_equals_forward_of_reordered_prefixes(
-    score, track_beams, keys_transposed, monkeypatch):
+    score, track_beams, keys_transposed, d_k, monkeypatch):
   """After a `reorder` by beam parents at every step, the next cached step of each
   row gives the logits of the teacher-forced forward pass over the history its
   parents chose: the self-attention state moves with the beams (the keys and
@@ -261,9 +263,10 @@ def test_model_reordered_cache_equals_forward_of_reordered_prefixes(
   random tokens and parents make every row's history matter (the tiny model's
   own beams are too alike to show a wrong reorder); the cache grows midway. The
   lineage is tested with the keys transposed, as float32 beam search caches them,
-  and in the layout bfloat16 keeps."""
+  and in the layout bfloat16 keeps; and where d_k (8) differs from d_v (16), as
+  in Table 3's row B."""
   monkeypatch.setattr(attention, 'beam_keys_transposed', lambda dtype: keys_transposed)
-  model, params = tiny_model(score, track_beams)
+  model, params = tiny_model(score, track_beams, d_k)
   B, K, T = 2, 3, 5
   inputs_BxS = jnp.asarray(sources([6, 3], 6, seed=6))
   r = np.random.RandomState(1)

@@ -173,11 +173,12 @@ def beam_attention(q_Nx1xHxK, k_NxHxSxK, v_NxHxSxK, lineage_NxJxS, *, score="sca
   # Heads before beams in the product's output: probs [J, S] x values [S, K] per
   # (row, head), a plain matrix product (the beams-first output made XLA run it
   # transposed, several times slower).
-  out_BxJxHxJxK = jnp.einsum("bhts,bhsk->bhtk", probs_NxHxJxS.astype(q_Nx1xHxK.dtype),
-                             v_NxHxSxK, preferred_element_type=jnp.float32
-                             ).reshape(B, J, H, J, K)
-  out_BxJxHxK = jnp.swapaxes(out_BxJxHxJxK.sum(axis=1), 1, 2)
-  return out_BxJxHxK.reshape(N, 1, H, K).astype(q_Nx1xHxK.dtype)
+  Kv = v_NxHxSxK.shape[-1]  # d_v: Table 3's row B changes d_k alone.
+  out_BxJxHxJxKv = jnp.einsum("bhts,bhsk->bhtk", probs_NxHxJxS.astype(q_Nx1xHxK.dtype),
+                              v_NxHxSxK, preferred_element_type=jnp.float32
+                              ).reshape(B, J, H, J, Kv)
+  out_BxJxHxKv = jnp.swapaxes(out_BxJxHxJxKv.sum(axis=1), 1, 2)
+  return out_BxJxHxKv.reshape(N, 1, H, Kv).astype(q_Nx1xHxK.dtype)
 
 
 # What cuDNN's fused attention takes (jax.nn.dot_product_attention, implementation
