@@ -16,6 +16,7 @@ from tests.helpers import tiny_experiment
 from transformer import lock, training
 from transformer import workdir as workdir_lib
 from transformer.config import resume_changes
+from transformer.data import tokenizer as tokenizer_lib
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +188,70 @@ def test_resume_changes_split_fixed_from_free_fields():
   assert "optim.grad_clip_norm" in [f for f, *_ in resume_changes(old, new)[1]]
 
 
-def _trained_looking_workdir(tmp_path, config):
-  """config.json and a vocabulary file: what the check compares against."""
+def _trained_looking_workdir(tmp_path, config, checkpoint=True):
+  """config.json, a vocabulary file and (with `checkpoint`) a checkpoint's
+  directory: what the check compares against."""
   workdir = tmp_path / "w"
   workdir.mkdir()
   training.save_config(config, str(workdir))
   (workdir / "spm.model").write_bytes(b"stands in for a trained vocabulary")
+  if checkpoint:
+    (workdir / "checkpoints" / "3").mkdir(parents=True)
   return str(workdir)
+
+
+def test_a_vocabulary_alone_fixes_only_the_vocabularys_fields(tmp_path):
+  """A run that stopped before its first checkpoint (a batch budget too small,
+  say) left config.json and the vocabulary: the corrected rerun may change
+  anything but what the vocabulary was trained from."""
+  config = tiny_experiment(tmp_path / "tfds")
+  workdir = _trained_looking_workdir(tmp_path, config, checkpoint=False)
+  corrected = tiny_experiment(tmp_path / "tfds")
+  corrected.data.tokens_per_batch *= 2
+  corrected.model.d_model = 64
+  workdir_lib.check_resume_config(workdir, corrected)
+  corrected.data.vocab_size = 40
+  corrected.data.train_split = "train[:50%]"
+  with pytest.raises(workdir_lib.ConfigMismatchError,
+                     match=r"cannot change on resume: data.train_split 'train' -> "
+                     r"'train\[:50%\]' \(moves the data order .*\); data.vocab_size 32 -> 40 "
+                     r"\(changes the vocabulary\)\. Rerun"):
+    workdir_lib.check_resume_config(workdir, corrected)
+
+
+def test_checkpoints_without_their_config_or_vocabulary_stop_the_run(tmp_path):
+  """A workdir's checkpoints without its config.json could not be checked
+  against the config (and a new config.json would record the wrong one); without
+  its spm.model a new vocabulary would be trained, giving the pieces other ids."""
+  config = tiny_experiment(tmp_path / "tfds")
+  workdir = _trained_looking_workdir(tmp_path, config)
+  os.rename(os.path.join(workdir, "spm.model"), os.path.join(workdir, "spm.model.moved"))
+  with pytest.raises(workdir_lib.ConfigMismatchError,
+                     match=r"holds checkpoints but not the vocabulary they were trained with"):
+    workdir_lib.check_resume_config(workdir, config)
+  os.rename(os.path.join(workdir, "config.json"), os.path.join(workdir, "config.json.moved"))
+  with pytest.raises(workdir_lib.ConfigMismatchError,
+                     match=r"holds checkpoints but no config.json, the config they were "
+                     "trained with"):
+    training.train_and_evaluate(config, workdir)
+  assert not os.path.exists(os.path.join(workdir, "config.json"))
+
+
+def test_a_run_stopped_by_a_bad_value_leaves_the_workdirs_config(tmp_path):
+  """config.json is replaced only once the data has passed its checks: a rerun
+  with a bad value (here an eval split the dataset lacks) stops and leaves the
+  config the checkpoints were trained with."""
+  config = tiny_experiment(tmp_path / "tfds")
+  workdir = _trained_looking_workdir(tmp_path, config)
+  words = [f"w{i}" for i in range(64)]  # A real vocabulary in place of the stand-in.
+  tokenizer_lib.train([" ".join(words)] * 4, config.data.vocab_type,
+                      config.data.vocab_size).save(os.path.join(workdir, "spm.model"))
+  before = open(os.path.join(workdir, "config.json")).read()
+  bad = tiny_experiment(tmp_path / "tfds")
+  bad.data.eval_split = "validation"  # SCAN has none.
+  with pytest.raises(ValueError, match="validation"):
+    training.train_and_evaluate(bad, workdir)
+  assert open(os.path.join(workdir, "config.json")).read() == before
 
 
 def test_resume_with_another_shape_stops_naming_the_fields(tmp_path, caplog):

@@ -258,13 +258,13 @@ def check_model_axis(config, size: int, devices: str = "") -> None:
 # (num_steps, the eval/decode/log/checkpoint cadence, decoding, the learning rate
 # scale, where the data lives) may change, and the change is logged.
 _PARAMETERS = "changes the parameters"
-_VOCABULARY = "changes the vocabulary"
+VOCABULARY_REASON = "changes the vocabulary"
 _DATA_ORDER = "moves the data order the saved position points into"
 # Model fields that act at run time only; every other model field is fixed.
 RESUMABLE_MODEL_FIELDS = ("dropout", "attention_dropout", "attention_impl", "dtype")
 FIXED_ON_RESUME = {
-    "seed": _DATA_ORDER, "data.vocab_size": _VOCABULARY, "data.vocab_type": _VOCABULARY,
-    "data.vocab_path": _VOCABULARY, "train.grad_accum_steps": _DATA_ORDER,
+    "seed": _DATA_ORDER, "train.grad_accum_steps": _DATA_ORDER,
+    **{f"data.{name}": VOCABULARY_REASON for name in ("vocab_size", "vocab_type", "vocab_path")},
     **{f"data.{name}": _DATA_ORDER for name in (
         "dataset", "source_lang", "target_lang", "train_split", "max_length", "overlong",
         "batching", "tokens_per_batch", "pack_length", "pack_source_length")},

@@ -286,7 +286,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   distributed.maybe_initialize(config.distributed)
   with lock.hold(workdir, "train", primary=jax.process_index() == 0):
     workdir_lib.check_resume_config(workdir, config)  # Before config.json is replaced.
-    if jax.process_index() == 0:
+    # A new workdir's config.json comes first: the vocabulary trained next depends
+    # on it. An existing one is replaced only once the data has passed its checks,
+    # so that a run stopped by a bad value leaves the workdir's config as it was.
+    if jax.process_index() == 0 and not os.path.exists(os.path.join(workdir, "config.json")):
       save_config(config, workdir)
     return _train_and_evaluate(config, workdir)
 
@@ -300,6 +303,8 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   _check_model_axis(config, mesh)
   data = load_data(config, workdir, mesh)
   _check_eval_batches(config, mesh, data.eval_examples)
+  if jax.process_index() == 0:
+    save_config(config, workdir)
   logging.info("Data: %s", json.dumps(data.stats))
   # Logged once the config, the workdir and the data have passed their checks, so
   # that a bad value stops the program with one line rather than after a page.

@@ -55,18 +55,41 @@ class ConfigMismatchError(runtime.CommandError):
   """A resume whose config changes a field the workdir's checkpoints depend on."""
 
 
+# What a trained vocabulary depends on besides its own fields: the text it was
+# trained on (the training split of that dataset, both languages).
+VOCABULARY_TEXT = ("data.dataset", "data.source_lang", "data.target_lang", "data.train_split")
+
+
 def check_resume_config(workdir: str, config) -> None:
   """Stops a run on `workdir` whose `config` changes a field its vocabulary or
   checkpoints depend on (config.FIXED_ON_RESUME: shapes, vocabulary, data order),
   naming each such field; logs the fields that may change (num_steps, cadences).
-  A workdir without vocabulary or checkpoints yet has nothing to disagree with."""
-  holds = [os.path.join(workdir, name) for name in ("spm.model", CHECKPOINT_DIRS["latest"])]
-  if not os.path.exists(os.path.join(workdir, "config.json")) or not any(
-      os.path.exists(p) and (os.path.isfile(p) or os.listdir(p)) for p in holds):
+  A workdir without vocabulary or checkpoints yet has nothing to disagree with;
+  one with a vocabulary alone (a run that stopped before its first checkpoint)
+  only its vocabulary's fields. Checkpoints without the config.json or the
+  vocabulary they were trained with stop it too."""
+  vocabulary = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
+  checkpoint_dir = os.path.join(workdir, CHECKPOINT_DIRS["latest"])
+  has_checkpoints = os.path.isdir(checkpoint_dir) and bool(os.listdir(checkpoint_dir))
+  has_vocabulary = os.path.isfile(vocabulary)
+  if has_checkpoints and not os.path.exists(os.path.join(workdir, "config.json")):
+    raise ConfigMismatchError(
+        f"workdir {workdir} holds checkpoints but no config.json, the config they were "
+        "trained with: put it back, or use a new --workdir")
+  if has_checkpoints and not has_vocabulary and not config.data.get("vocab_path"):
+    raise ConfigMismatchError(
+        f"workdir {workdir} holds checkpoints but not the vocabulary they were trained with "
+        f"({vocabulary}): put it back, or use a new --workdir (a new one would give other "
+        "ids to the pieces)")
+  if not (has_checkpoints or has_vocabulary) or not os.path.exists(
+      os.path.join(workdir, "config.json")):
     return
   saved = load_config(workdir).to_dict()
   fixed, free = config_lib.resume_changes(
       saved, json.loads(config.to_json_best_effort()))
+  if not has_checkpoints:
+    fixed = [change for change in fixed
+             if change[3] == config_lib.VOCABULARY_REASON or change[0] in VOCABULARY_TEXT]
   if fixed:
     raise ConfigMismatchError(
         f"workdir {workdir} was trained with another config, and these fields cannot "
