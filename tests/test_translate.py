@@ -110,6 +110,40 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path):
   assert out.read_text() == "keep me\n"
 
 
+def test_an_existing_output_is_replaced_only_by_a_complete_translation(workdir, tmp_path,
+                                                                       monkeypatch):
+  """The output is written as OUTPUT.partial and renamed once every line is
+  translated: a run that fails (an input that is a directory; a failure
+  mid-stream) leaves an existing output file as it was, and what it wrote in
+  the .partial file."""
+  out = tmp_path / "out.txt"
+  out.write_text("keep me\n")
+  with pytest.raises(IsADirectoryError):
+    translate.run(workdir, str(tmp_path), str(out), mode="greedy")
+  assert out.read_text() == "keep me\n"
+  assert not (tmp_path / "out.txt.partial").exists()  # Nothing was written.
+  src = tmp_path / "in.txt"
+  src.write_text("walk twice\njump\nlook left\n")
+  translate_ids = translate.translate_ids
+  calls = []
+
+  def fails_on_the_second_chunk(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return translate_ids(*args, **kwargs)
+
+  monkeypatch.setattr(translate, "translate_ids", fails_on_the_second_chunk)
+  with pytest.raises(KeyboardInterrupt):
+    translate.run(workdir, str(src), str(out), mode="greedy", chunk_lines=2)
+  assert out.read_text() == "keep me\n"
+  assert len((tmp_path / "out.txt.partial").read_text().splitlines()) == 2
+  monkeypatch.setattr(translate, "translate_ids", translate_ids)
+  outputs = translate.run(workdir, str(src), str(out), mode="greedy", chunk_lines=2)
+  assert out.read_text() == "".join(o + "\n" for o in outputs) and len(outputs) == 3
+  assert not (tmp_path / "out.txt.partial").exists()
+
+
 def test_command_reports_bad_input_without_traceback(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "transformer.translate", "--workdir", str(tmp_path / "none"),

@@ -30,7 +30,6 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
 
 
 import collections
-import fcntl
 import functools
 import itertools
 import json
@@ -90,7 +89,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   # Each chunk's hypotheses are written and flushed before the next chunk is
   # read; the file takes its final name once all are scored, so a killed run
   # leaves what it wrote under .partial, never a short file under the real name.
-  out = _open_partial(stem + ".txt.partial") if jax.process_index() == 0 else None
+  out = files.open_partial(stem + ".txt") if jax.process_index() == 0 else None
   try:
     for examples, pairs, stats in itertools.chain([first], chunks):
       start, chunk_timings = time.perf_counter(), {}
@@ -126,31 +125,13 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
         "metrics": scorer.result(), "hypotheses_file": stem + ".txt",
     }
     result["signature"] = result["metrics"].get("bleu_signature")
-    if out is not None:  # Renamed while still locked: no other run can have taken it.
-      os.replace(stem + ".txt.partial", stem + ".txt")
+    if out is not None:
+      files.commit_partial(out, stem + ".txt")
       files.write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
   finally:
     if out is not None:
       out.close()
   return result, stem + ".json"
-
-
-def _open_partial(path):
-  """`path` opened empty for writing, with an exclusive lock for as long as it
-  is open: a second run of the same evaluation (the same result name) stops
-  instead of emptying the first one's file and writing into it."""
-  out = open(path, "a", encoding="utf-8")  # pylint: disable=consider-using-with
-  try:
-    fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    out.close()
-    raise runtime.CommandError(
-        f"another evaluation with the same split, checkpoint and settings is writing "
-        f"{path}; wait for it to end (or stop it) and rerun") from None
-  except OSError:  # A file system without flock: one run at a time is assumed.
-    pass
-  out.truncate(0)
-  return out
 
 
 def define_decode_flags(modes, default_mode):

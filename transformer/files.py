@@ -2,11 +2,14 @@
 the same directory, renamed over the target only once it is complete."""
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 
 from absl import logging
+
+from transformer import runtime
 
 
 TMP_INFIX = ".tmp"  # NAME.tmp<pid>: a temporary of the process <pid>.
@@ -71,3 +74,37 @@ def write_atomic(path, data) -> None:
     else:
       with open(tmp, "w", encoding="utf-8") as f:
         f.write(data)
+
+
+PARTIAL_SUFFIX = ".partial"
+
+
+class BusyError(runtime.CommandError):
+  """Another run is writing the same output file."""
+
+
+def open_partial(path: str):
+  """`path`.partial, opened empty for writing and locked (flock) while open:
+  output streamed there stays inspectable if the run dies, and `path` itself
+  is never half written. A second run writing the same `path` meanwhile stops
+  with BusyError instead of emptying the first one's file and writing into it.
+  The caller renames it with commit_partial before closing it."""
+  partial = path + PARTIAL_SUFFIX
+  out = open(partial, "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(out, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    out.close()
+    raise BusyError(f"another run is writing {partial}: wait for it to end (or stop it) and "
+                    "rerun") from None
+  except OSError:  # A file system without flock: one run at a time is assumed.
+    pass
+  out.truncate(0)
+  return out
+
+
+def commit_partial(out, path: str) -> None:
+  """Gives the open_partial file `out` its final name `path`: renamed while
+  still locked, so that no other run can have taken it."""
+  out.flush()
+  os.replace(path + PARTIAL_SUFFIX, path)

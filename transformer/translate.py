@@ -35,7 +35,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import evaluate, inference, plots, runtime
+from transformer import evaluate, files, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import tokenizer as tokenizer_lib
@@ -173,8 +173,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   outputs, count, first = [], 0, None
   overlong = Overlong(source_limit(config))
   out = None  # Every process holds every output; the first writes them.
-  if jax.process_index() == 0:
-    out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+  if jax.process_index() == 0:  # A file is written as OUTPUT.partial until complete.
+    out = sys.stdout if output_path == "-" else files.open_partial(output_path)
   try:
     for index in itertools.count():
       chunk = list(itertools.islice(lines, chunk_lines))
@@ -191,8 +191,12 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
       count += len(chunk)
       if collect:
         outputs += texts
+    if out not in (None, sys.stdout):
+      files.commit_partial(out, output_path)
   finally:
     if out not in (None, sys.stdout):
+      if out.tell() == 0 and os.path.exists(output_path + files.PARTIAL_SUFFIX):
+        os.remove(output_path + files.PARTIAL_SUFFIX)  # A failure before any output.
       out.close()
   if overlong.count and jax.process_index() == 0:
     print(overlong.summary(count), file=sys.stderr)
