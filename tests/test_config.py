@@ -91,6 +91,7 @@ def test_bad_model_values_name_the_field(field, value, message):
     ("train.label_smoothing", 1.5), ("data.max_length", 1000),
     ("decode.tokens_per_batch", -1), ("distributed.heartbeat_timeout_s", 0),
     ("distributed.initialization_timeout_s", -5), ("decode.concurrent_batches", 0),
+    ("data.vocab_size", 4),  # The special ids alone.
 ])
 def test_bad_other_values_name_the_field(field, value):
   config = default.get_config()

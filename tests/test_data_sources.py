@@ -1,4 +1,6 @@
 """Registered TFDS translation datasets: direction by language code, never downloaded."""
+import contextlib
+
 import ml_collections
 import pytest
 import tensorflow as tf
@@ -43,6 +45,21 @@ def test_unprepared_dataset_says_how_to_prepare(tmp_path):
     sources.load_pairs(_config(str(tmp_path)), 'train')
   assert f'tfds build {NAME} --data_dir={tmp_path}' in str(e.value)
   assert not any(tmp_path.iterdir())  # Nothing was downloaded or written.
+
+
+def test_an_empty_tfds_data_dir_is_tfds_default_not_the_current_directory(monkeypatch):
+  """An override `--config.data.tfds_data_dir=` gives '': TFDS took it as the
+  current directory and prepared SCAN there."""
+  seen = []
+  monkeypatch.setattr(sources, '_iter_scan',
+                      lambda config, split, data_dir, chunk: seen.append(data_dir) or iter(()))
+  monkeypatch.setattr(tfds, 'builder', lambda name, data_dir: seen.append(data_dir) or 1 / 0)
+  for dataset in ('scan/simple', NAME):
+    config = _config('')
+    config.dataset = dataset
+    with pytest.raises(ZeroDivisionError) if dataset == NAME else contextlib.nullcontext():
+      sources.load_pairs(config, 'train')
+  assert seen == [None, None]
 
 
 def test_unknown_dataset_name(tmp_path):

@@ -100,6 +100,22 @@ def test_word_vocabulary_for_scan():
   assert word.encode('run left') == [tok_lib.UNK_ID, word.encode('left')[0]]
 
 
+def test_a_word_vocabulary_too_small_for_the_text_is_warned_of(caplog):
+  """A word vocabulary of fewer pieces than the text has words reads the rest
+  as UNK: legitimate for a large corpus, a mistake for a closed one (SCAN), so
+  it is said, with the size that would hold them all."""
+  text = ['walk left twice', 'jump right thrice after look']
+  with caplog.at_level('WARNING'):
+    small = tok_lib.train(text, 'word', 6)
+  assert small.vocab_size == 6
+  assert ("vocab_size=6: the word vocabulary leaves 6 of the text's 8 distinct words out, "
+          "and they read as UNK (config.data.vocab_size=12 holds them all)") in caplog.text
+  caplog.clear()
+  with caplog.at_level('WARNING'):
+    assert tok_lib.train(text, 'word', 12).vocab_size == 12
+  assert 'read as UNK' not in caplog.text
+
+
 def test_training_is_deterministic(bpe):
   assert tok_lib.train(TEXTS, 'bpe', 300).model_proto == bpe.model_proto
   small = tok_lib.train(TEXTS, 'unigram', 290, max_sentences=7)

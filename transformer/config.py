@@ -203,6 +203,8 @@ def check_config(config) -> None:
                 "distributed.shutdown_timeout_s"):
     section, name = field.split(".")
     check(config[section][name] > 0, field, "must be a positive integer")
+  check(config.data.vocab_size > 4, "data.vocab_size",
+        "must be > 4: ids 0-3 are PAD, UNK, BOS and EOS, and the text needs pieces too")
   check(config.data.pack_source_length >= 0, "data.pack_source_length",
         "must be >= 0 (0 = pack_length)")
   # Batches are as wide as the longest bucket: max_length rounded up to 8.

@@ -235,27 +235,24 @@ def _check_model_axis(config, mesh) -> None:
 
 def _check_eval_batches(config, mesh, eval_examples) -> None:
   """Stops the run now, naming the field, where evaluation or decoding during
-  training would fail later: an empty eval split, or a budget too small for
-  row_multiple(mesh) rows of an eval example's length bucket (after a run's
-  worth of steps, and before that step's checkpoint)."""
+  training would fail later (after a run's worth of steps, and before that
+  step's checkpoint): an empty eval split, a budget too small for
+  row_multiple(mesh) rows of an eval example's length bucket, or a decoding
+  budget too small for the longest source (inference.decode_budget)."""
   if not eval_examples:
     raise ValueError(f"eval split {config.data.eval_split!r} of {config.data.dataset} has no "
                      "examples (config.data.eval_split)")
-  checks = [("data.tokens_per_batch", config.data.tokens_per_batch, eval_examples)]
+  budget = config.data.tokens_per_batch
+  try:
+    for _ in data_lib.eval_batches(eval_examples, budget,
+                                   batch_multiple=sharding.row_multiple(mesh),
+                                   max_length=config.data.max_length):
+      pass
+  except ValueError as e:
+    raise ValueError(f"config.data.tokens_per_batch={budget} on a data axis of "
+                     f"{sharding.row_multiple(mesh)}: {e}") from e
   if config.train.decode_every:
-    budget = config.decode.get("tokens_per_batch") or 0
-    sources = [(s, s[-1:]) for s, _ in  # Decoding buckets by the source alone.
-               eval_examples[:config.train.decode_examples or None]]
-    checks.append(("decode.tokens_per_batch" if budget else "data.tokens_per_batch",
-                   budget or config.data.tokens_per_batch, sources))
-  for field, budget, examples in checks:
-    try:
-      for _ in data_lib.eval_batches(examples, budget, batch_multiple=sharding.row_multiple(mesh),
-                                     max_length=config.data.max_length):
-        pass
-    except ValueError as e:
-      raise ValueError(f"config.{field}={budget} on a data axis of "
-                       f"{sharding.row_multiple(mesh)}: {e}") from e
+    inference.decode_budget(config, mesh)
 
 
 def _close_all(closers) -> None:

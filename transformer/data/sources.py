@@ -57,7 +57,7 @@ def _iter_scan(config, split, data_dir, chunk):
 
 def _iter_registered(name, split, data_config, chunk):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  data_dir = data_config.get('tfds_data_dir')
+  data_dir = tfds_data_dir(data_config)
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError as e:
@@ -80,6 +80,12 @@ def _iter_registered(name, split, data_config, chunk):
         f'.download_and_prepare()"') from e
 
 
+def tfds_data_dir(data_config):
+  """config.data.tfds_data_dir, None (TFDS's default) where unset or empty: an
+  empty string would make TFDS prepare the dataset in the current directory."""
+  return data_config.get('tfds_data_dir') or None
+
+
 def load_pairs(data_config, split):
   """(source, target) string pairs of `split` of `data_config.dataset`."""
   return [pair for pairs in iter_pairs(data_config, split) for pair in pairs]
@@ -95,7 +101,7 @@ def iter_pairs(data_config, split, chunk=CHUNK):
     config = dataset.split('/', 1)[1]
     if config not in SCAN_CONFIGS:
       raise ValueError(f'unknown SCAN split {dataset!r}; use scan/simple or scan/length')
-    yield from _iter_scan(config, split, data_config.get('tfds_data_dir'), chunk)
+    yield from _iter_scan(config, split, tfds_data_dir(data_config), chunk)
     return
   if dataset == 'parallel_text':
     from transformer.data import parallel_text  # pylint: disable=g-import-not-at-top

@@ -13,6 +13,7 @@ import io
 import os
 import re
 
+from absl import logging
 import numpy as np
 import sentencepiece as spm
 
@@ -108,7 +109,16 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
         f'vocab_size={vocab_size} is too small for a {vocab_type} vocabulary of this '
         'text: it must hold the 256 byte pieces, the special ids and every character '
         f'of the text, {needed.group(1) if needed else "more"} pieces at least') from e
-  return Tokenizer(proto.getvalue())
+  tok = Tokenizer(proto.getvalue())
+  if vocab_type == 'word':  # No byte fallback: a word left out reads as UNK.
+    words = sorted({w for t in texts for w in t.split()})
+    missing = sum(ids == [UNK_ID] for ids in tok.encode_batch(words))
+    if missing:
+      logging.warning('vocab_size=%d: the word vocabulary leaves %d of the text\'s %d '
+                      'distinct words out, and they read as UNK (config.data.vocab_size=%d '
+                      'holds them all)', vocab_size, missing, len(words),
+                      tok.vocab_size + missing)
+  return tok
 
 
 def load_or_train(data_config, workdir, texts):
