@@ -124,6 +124,10 @@ def test_an_existing_output_is_replaced_only_by_a_complete_translation(workdir, 
   assert not (tmp_path / "out.txt.partial").exists()  # Nothing was written.
   src = tmp_path / "in.txt"
   src.write_text("walk twice\njump\nlook left\n")
+  with pytest.raises(ValueError, match=r"tokens_per_batch=8 source tokens cannot hold the "
+                     r"longest source this model reads"):  # Though these lines are short.
+    translate.run(workdir, str(src), str(out), mode="greedy", tokens_per_batch=8)
+  assert out.read_text() == "keep me\n" and not (tmp_path / "out.txt.partial").exists()
   translate_ids = translate.translate_ids
   calls = []
 

@@ -130,7 +130,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       files.write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
   finally:
     if out is not None:
-      out.close()
+      files.close_partial(out, stem + ".txt")
   return result, stem + ".json"
 
 

@@ -88,7 +88,7 @@ def open_partial(path: str):
   output streamed there stays inspectable if the run dies, and `path` itself
   is never half written. A second run writing the same `path` meanwhile stops
   with BusyError instead of emptying the first one's file and writing into it.
-  The caller renames it with commit_partial before closing it."""
+  The caller renames it with commit_partial, then closes it with close_partial."""
   partial = path + PARTIAL_SUFFIX
   out = open(partial, "a", encoding="utf-8")  # pylint: disable=consider-using-with
   try:
@@ -108,3 +108,12 @@ def commit_partial(out, path: str) -> None:
   still locked, so that no other run can have taken it."""
   out.flush()
   os.replace(path + PARTIAL_SUFFIX, path)
+
+
+def close_partial(out, path: str) -> None:
+  """Closes the open_partial file `out` of `path`; one a failed run wrote
+  nothing into is removed first, still locked (what a run wrote stays)."""
+  partial = path + PARTIAL_SUFFIX
+  if out.tell() == 0 and os.path.exists(partial):
+    os.remove(partial)
+  out.close()

@@ -195,9 +195,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
       files.commit_partial(out, output_path)
   finally:
     if out not in (None, sys.stdout):
-      if out.tell() == 0 and os.path.exists(output_path + files.PARTIAL_SUFFIX):
-        os.remove(output_path + files.PARTIAL_SUFFIX)  # A failure before any output.
-      out.close()
+      files.close_partial(out, output_path)
   if overlong.count and jax.process_index() == 0:
     print(overlong.summary(count), file=sys.stderr)
   if plot_attention:
