@@ -522,3 +522,11 @@ def test_a_set_the_bases_architecture_does_not_read_stops_the_sweep(tmp_path):
   with pytest.raises(ValueError, match=r"config.model.rnn_cell: has no effect with "
                      r"model.architecture='transformer' \(only the rnn reads it\)"):
     sweep_lib.resolve(write_sweep(tmp_path), sets=["model.rnn_cell=lstm"])
+  # Bahdanau's attention has no input feeding (configs/rnn_scan.py is Bahdanau's);
+  # on Luong's it is a real variant.
+  rnn = os.path.join(ROOT, "configs", "rnn_scan.py")
+  with pytest.raises(ValueError, match=r"config.model.rnn_input_feeding: has no effect with "
+                     r"model.rnn_attention='bahdanau' \(only Luong's attentions read it\)"):
+    sweep_lib.resolve(write_sweep(tmp_path), base=rnn, sets=["model.rnn_input_feeding=False"])
+  sweep_lib.resolve(write_sweep(tmp_path), base=rnn, sets=[
+      "model.rnn_attention=luong_general", "model.rnn_input_feeding=False"])

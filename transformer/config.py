@@ -7,7 +7,7 @@ Every value is checked at start-up, and a bad one names its config field.
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +46,21 @@ ARCHITECTURE_ONLY_FIELDS = {
     "rnn": ("rnn_cell", "rnn_attention", "rnn_input_feeding"),
 }
 RNN_CELLS = ("gru", "lstm")
+
+
+def unread_model_field(model, name: str) -> Optional[str]:
+  """Why `model` (config.model) does not read its field `name`, or None where
+  it does: a field of the other architecture, or Luong's input feeding on
+  Bahdanau's attention (whose context enters the recurrence itself)."""
+  architecture = model.get("architecture", "transformer")
+  for other, fields in ARCHITECTURE_ONLY_FIELDS.items():
+    if other != architecture and name in fields:
+      return f"has no effect with model.architecture={architecture!r} (only the {other} reads it)"
+  if (architecture == "rnn" and name == "rnn_input_feeding"
+      and model.get("rnn_attention") == "bahdanau"):
+    return "has no effect with model.rnn_attention='bahdanau' (only Luong's attentions read it)"
+  return None
+
 RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
 
 

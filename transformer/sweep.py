@@ -63,7 +63,7 @@ from ml_collections import config_flags
 
 from transformer import results
 from transformer import workdir as workdir_lib
-from transformer.config import ARCHITECTURE_ONLY_FIELDS, check_config, resume_changes
+from transformer.config import check_config, resume_changes, unread_model_field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -139,16 +139,13 @@ def _unknown_field(config, field: str) -> bool:
 
 
 def _check_architecture_fields(config, overrides) -> None:
-  """A ValueError for an override of a model field that the config's
-  architecture does not read (a Table 3 row on the RNN would be its base again)."""
-  architecture = config.model.architecture
+  """A ValueError for an override of a model field that the config's model does
+  not read (a Table 3 row on the RNN would be its base again)."""
   for override in overrides:
     section, _, name = override.partition("=")[0].partition(".")
-    others = [a for a, fields in ARCHITECTURE_ONLY_FIELDS.items()
-              if a != architecture and name in fields]
-    if section == "model" and others:
-      raise ValueError(f"config.model.{name}: has no effect with model.architecture="
-                       f"{architecture!r} (only the {others[0]} reads it)")
+    why = unread_model_field(config.model, name) if section == "model" else None
+    if why:
+      raise ValueError(f"config.model.{name}: {why}")
 
 
 def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
