@@ -137,7 +137,8 @@ def test_decoding_steps_equal_the_teacher_forced_pass(variant):
 @pytest.mark.parametrize("variant", ["bahdanau", "luong_general"])  # GRU and LSTM.
 def test_bfloat16_compute_keeps_float32_parameters_and_logits(variant):
   """model.dtype=bfloat16 (what 'auto' picks on accelerators) runs the cells, the
-  attention and the decoding steps in bfloat16 on the same float32 parameters:
+  attention and the decoding steps in bfloat16 on the same float32 parameters
+  (each encoder direction carries its state in float32, its output bfloat16):
   logits come back float32 and near the float32 model's, and the gradient is finite."""
   model, params = tiny(variant)
   half = RNNEncoderDecoder(rnn_config(**VARIANTS[variant], dtype="bfloat16"))
@@ -157,7 +158,10 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(variant):
   grads = jax.jit(jax.grad(loss), **FAST)(params)
   assert all(g.dtype == jnp.float32 and bool(jnp.isfinite(g).all())
              for g in jax.tree.leaves(grads))
-  # The decoding state is bfloat16 and the greedy search runs on it.
+  # The source annotations (the context decoding reads) and the decoding state
+  # are bfloat16, and the greedy search runs on them.
+  encoded = half.apply({"params": params}, inputs, method="encode")
+  assert encoded.dtype == jnp.bfloat16
   decoding = RNNDecoding(half)
   greedy = jax.jit(functools.partial(decode.encode_and_decode, decoding, mode="greedy",
                                      max_extra_len=3, eos_id=V), **FAST)(params, inputs)

@@ -51,8 +51,10 @@ class RNNEncoder(nn.Module):
       x_BxSxD = Dropout(cfg.dropout)(x_BxSxD, deterministic=deterministic)
       # parent=None: each RNN adopts its cell, the layer its RNNs (named parameters).
       direction = lambda: nn.RNN(_cell(cfg, cfg.d_model // 2, parent=None), parent=None)
+      # Each direction carries its state in float32 (Flax's initial carry takes
+      # the parameters' dtype): the outputs are rounded to the compute dtype.
       x_BxSxD = nn.Bidirectional(direction(), direction(), name=f"layer_{i}")(
-          x_BxSxD, seq_lengths=lengths_B)
+          x_BxSxD, seq_lengths=lengths_B).astype(cfg.compute_dtype)
     return x_BxSxD
 
 
