@@ -76,13 +76,17 @@ def test_mesh_for_reading_falls_back_to_data_parallel():
     ("encoder/layer_0/self_attention/score_v", (4, 32), P("model", None)),
     ("shared_embedding/embedding", (1024, 128), P("data", None)),  # Not tensor parallel.
     ("encoder/layer_0/feed_forward_norm/scale", (128,), P(None)),
+    # The RNN's attention has no heads: replicated over 'model', as its cells are.
+    ("decoder/cell/query/kernel", (128, 128), P("data", None)),
+    ("decoder/cell/score_v", (1024,), P("data")),
 ])
 def test_tensor_parallel_rules_split_heads_and_hidden_units(path, shape, spec):
   assert sharding.leaf_spec(shape, 2, True, path, 4, min_size=1000) == spec
 
 
 def test_a_model_axis_that_does_not_divide_a_leaf_leaves_it_replicated():
-  assert sharding.leaf_spec((128, 6, 32), 1, False, "x/query/kernel", 4) == P(None, None, None)
+  assert sharding.leaf_spec((128, 6, 32), 1, False, "x/self_attention/query/kernel",
+                            4) == P(None, None, None)
 
 
 def test_optimizer_moments_are_named_and_split_as_their_parameters():

@@ -28,10 +28,11 @@ DEFAULT_MESH = "data=-1,model=1"
 # of the leaf that 'model' splits); every other leaf (embeddings, LayerNorms, the
 # RNN) is replicated over 'model'.
 TENSOR_PARALLEL_RULES = (
-    (r"(^|/)(query|key|value)/kernel$", 1),  # [D, H, K]: heads.
-    (r"(^|/)(query|key|value)/bias$", 0),  # [H, K]
-    (r"(^|/)out/kernel$", 0),  # [H, K, D]: W_O's rows are the heads.
-    (r"(^|/)score_(w|wq|wk|v)$", 0),  # [H, K, K], [H, K]: per-head score matrices.
+    (r"(^|/)(self|cross)_attention/(query|key|value)/kernel$", 1),  # [D, H, K]: heads.
+    (r"(^|/)(self|cross)_attention/(query|key|value)/bias$", 0),  # [H, K]
+    (r"(^|/)(self|cross)_attention/out/kernel$", 0),  # [H, K, D]: W_O's rows are the heads.
+    # [H, K, K], [H, K]: per-head score matrices.
+    (r"(^|/)(self|cross)_attention/score_(w|wq|wk|v)$", 0),
     (r"(^|/)feed_forward/inner/kernel$", 1),  # [D, F]: hidden units.
     (r"(^|/)feed_forward/inner/bias$", 0),  # [F]
     (r"(^|/)feed_forward/outer/kernel$", 0),  # [F, D]
