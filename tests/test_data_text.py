@@ -101,3 +101,20 @@ def test_multi30k_validation_split():
   pairs = parallel_text.load_split(str(MULTI30K), 'val', 'en', 'de')
   assert len(pairs) == 1014
   assert all(s and t for s, t in pairs)
+
+
+def test_a_split_whose_every_pair_is_too_long_says_so(tmp_path):
+  """Every training pair over data.max_length (dropped): the error counts them and
+  names the field, not just 'no training examples'."""
+  from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
+  _write(tmp_path / 'train.en', 'a b c d e f\ng h i j k l\n')
+  _write(tmp_path / 'train.de', 'A B C D E F\nG H I J K L\n')
+  config = ml_collections.ConfigDict({
+      'dataset': 'parallel_text', 'text_dir': str(tmp_path), 'source_lang': 'en',
+      'target_lang': 'de', 'train_split': 'train', 'eval_split': 'train', 'max_length': 4,
+      'overlong': 'drop', 'vocab_path': None, 'vocab_type': 'word', 'vocab_size': 40,
+      'tokens_per_batch': 64, 'batching': 'bucket'})
+  with pytest.raises(ValueError, match=r"no training examples in split 'train' of "
+                     r"parallel_text: of its 2 pairs, 2 are longer than data.max_length=4 "
+                     r"tokens \(data.overlong='drop'\) and 0 have an empty side"):
+    data_lib.get_train_and_eval(config, workdir=str(tmp_path / 'w'), seed=0)

@@ -83,6 +83,13 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   state, data_state, step = restore_params(workdir, config)
   assert step == 40 and int(state.step) == 40
   assert second["loss"] < first["loss"]
+  config.train.num_steps = 35  # Below the checkpoint: nothing to train, and it says so.
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    training.train_and_evaluate(config, workdir)
+  assert ("The checkpoint is at step 40, train.num_steps=35: nothing to train (raise "
+          "--config.train.num_steps to go on).") in caplog.text
+  assert restore_params(workdir, config)[2] == 40
 
 
 def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):

@@ -103,6 +103,11 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path):
     translate.run(workdir, "-", str(out), plot_attention=str(tmp_path / "a.png"), layer=3)
   with pytest.raises(ValueError, match="checkpoint must be"):
     translate.run(workdir, "-", str(out), checkpoint="newest")
+  with pytest.raises(ValueError, match=r"--plot_attention '.*': is a directory"):
+    translate.run(workdir, "-", str(out), plot_attention=str(tmp_path))
+  with pytest.raises(ValueError, match=r"--plot_attention '.*': its folder '.*none' does not "
+                     "exist"):
+    translate.run(workdir, "-", str(out), plot_attention=str(tmp_path / "none" / "a.png"))
   with pytest.raises(FileNotFoundError, match="does not exist"):
     translate.run(str(tmp_path / "none"), "-", str(out))
   with pytest.raises(ValueError, match="is the input file"):

@@ -333,6 +333,10 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       data.train_batches.set_state(data_state)  # Checks the batches are the saved ones.
       logging.info("Resumed from step %d.", step)
     start = int(state.step)
+    if start >= config.train.num_steps:
+      logging.warning("The checkpoint is at step %d, train.num_steps=%d: nothing to train "
+                      "(raise --config.train.num_steps to go on).", start,
+                      config.train.num_steps)
 
     train_fn, eval_fn = compile_steps(model, tx, config, mesh, shardings)
     progress = _Progress(workdir, config.train.num_steps, start, config.train.log_every)

@@ -155,6 +155,11 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                        "processes of a multi-process job")
     rnn = config.model.get("architecture") == "rnn"  # One attention: one head, no layers.
     plots.parse_head(head, 1 if rnn else config.model.num_heads)
+    folder = os.path.dirname(os.path.abspath(plot_attention))
+    if os.path.isdir(plot_attention) or not os.path.isdir(folder):
+      raise ValueError(f"--plot_attention {plot_attention!r}: "
+                       + ("is a directory; give a file name" if os.path.isdir(plot_attention)
+                          else f"its folder {folder!r} does not exist"))
     if not rnn and not -config.model.num_layers <= layer < config.model.num_layers:
       raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
                        "decoder")

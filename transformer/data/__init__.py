@@ -76,6 +76,12 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
       data_config, workdir, (text for pair in train_pairs for text in pair))
   train_examples, train_stats = tokenize_pairs(
       train_pairs, tok, data_config.max_length, data_config.overlong)
+  if not train_examples:
+    raise ValueError(
+        f'no training examples in split {data_config.train_split!r} of {data_config.dataset}: '
+        f'of its {train_stats["total"]} pairs, {train_stats["dropped_overlong"]} are longer '
+        f'than data.max_length={data_config.max_length} tokens (data.overlong='
+        f'{data_config.overlong!r}) and {train_stats["dropped_empty"]} have an empty side')
   eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split)
   batches = TrainBatches(
       train_examples, tokens_per_batch=data_config.tokens_per_batch, seed=seed,
