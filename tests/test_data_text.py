@@ -103,6 +103,15 @@ def test_multi30k_validation_split():
   assert all(s and t for s, t in pairs)
 
 
+def test_carriage_return_line_ends_are_named(tmp_path):
+  """CR alone (old Mac line ends) made each file one line, and a SentencePiece
+  traceback followed; CRLF reads as LF."""
+  _write(tmp_path / 'train.en', 'a dog\rtwo cats\r')
+  _write(tmp_path / 'train.de', 'ein Hund\rzwei Katzen\r')
+  with pytest.raises(ValueError, match=r'train\.en:1: line holds a carriage return'):
+    parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')
+
+
 def test_a_split_whose_every_pair_is_too_long_says_so(tmp_path):
   """Every training pair over data.max_length (dropped): the error counts them and
   names the field, not just 'no training examples'."""

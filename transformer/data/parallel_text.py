@@ -43,6 +43,9 @@ def _decode(path, n, raw):
   except UnicodeDecodeError as e:
     raise ValueError(f'{path}:{n}: line is not valid UTF-8 ({e.reason} at byte '
                      f'{e.start})') from e
+  if '\r' in text:  # Old Mac line ends: the whole file would read as one sentence.
+    raise ValueError(f'{path}:{n}: line holds a carriage return (CR): lines must end in LF '
+                     'or CRLF')
   if n == 1:
     text = text.lstrip('\ufeff')  # Byte-order mark some editors write.
   text = text.strip()
