@@ -121,6 +121,22 @@ def test_result_name_is_filename_safe():
       "eval_test_200_latest_beam4-a0.6")
   assert evaluate.result_name("test", 3000, "greedy", 4, 0.6, limit=50) == (
       "eval_test_3000_greedy-n50")
+  assert evaluate.result_name("test", "best", "greedy", 4, 0.6, max_extra_len=0) == (
+      "eval_test_best_greedy-x0")
+
+
+def test_another_output_limit_does_not_replace_the_configs_evaluation(workdir):
+  """--max_extra_len other than config.decode's writes a file of its own: the
+  evaluation at the config's limit, which result tables read, stays."""
+  default, default_path = evaluate.run(workdir, split="test[:6]", mode="greedy")
+  short, short_path = evaluate.run(workdir, split="test[:6]", mode="greedy", max_extra_len=1)
+  assert short_path.endswith("_greedy-x1.json") and short_path != default_path
+  with open(default_path) as f:
+    assert json.load(f)["max_extra_len"] == default["max_extra_len"] != 1
+  assert short["max_extra_len"] == 1
+  again, path = evaluate.run(workdir, split="test[:6]", mode="greedy",
+                             max_extra_len=default["max_extra_len"])
+  assert path == default_path  # The config's own limit, given explicitly: the same name.
 
 
 # ----------------------------------------------------------------------------

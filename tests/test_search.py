@@ -199,6 +199,27 @@ def test_sample_distribution_and_top_k():
   assert set(np.unique(ids)) == {1, 2}
 
 
+def test_top_k_keeps_exactly_k_tokens_on_ties_and_a_tiny_temperature_is_greedy():
+  """Tokens tied with the k-th logit (common after bfloat16 rounding) are not
+  all kept: top_k=1 is greedy's choice, the lowest id of the tied maximum, and
+  top_k=2 keeps two. A temperature so small that the logits over it overflow
+  (1e-39) still picks the maximum, not token 0."""
+  logits_V = jnp.array([-9.0, -9.0, 2.0, 0.0, 2.0], jnp.float32)
+
+  def logits_fn(ids_Nx1, cache, step):
+    return jnp.broadcast_to(logits_V, (ids_Nx1.shape[0], V)), cache
+
+  kw = dict(batch_size=2000, max_len=1, bos_id=BOS, eos_id=EOS)
+  top1 = np.asarray(search.sample(logits_fn, {}, jax.random.key(2), top_k=1, **kw))
+  assert set(np.unique(top1)) == {2}
+  ties = jnp.array([-9.0, 1.0, 3.0, 1.0, 1.0], jnp.float32)
+  tied_fn = lambda ids_Nx1, cache, step: (jnp.broadcast_to(ties, (ids_Nx1.shape[0], V)), cache)
+  top2 = np.asarray(search.sample(tied_fn, {}, jax.random.key(2), top_k=2, **kw))
+  assert set(np.unique(top2)) == {1, 2}
+  cold = np.asarray(search.sample(tied_fn, {}, jax.random.key(2), temperature=1e-39, **kw))
+  assert set(np.unique(cold)) == {2}
+
+
 def test_beam_matches_exhaustive_search():
   """With K >= all candidates ever (at most 3^3 * 4 = 108 here), nothing is
   pruned: the K best finished hypotheses of each item must be exactly the

@@ -10,7 +10,7 @@ input length + 50), the split to config.data.test_split. The split's perplexity
 per target token without label smoothing (teacher-forced; Table 3's "PPL (dev)"
 on the dev split) is reported beside the scores. Results are printed and
 written to DIR/eval_{split}_{checkpoint}_{mode}.json (mode: greedy, or beam{K}-a{alpha};
-'-n{N}' added with --limit), the hypotheses to the same name with .txt, one per
+'-n{N}' added with --limit, '-x{N}' with a --max_extra_len other than the config's), the hypotheses to the same name with .txt, one per
 line in the split's order.
 
 It streams: the split is read, decoded (sorted by length within the chunk) and
@@ -50,10 +50,14 @@ from transformer.config import SCORED_DECODE_MODES
 CHUNK_LINES = data_lib.sources.CHUNK  # Examples (lines) decoded together: bounded memory.
 
 
-def result_name(split, checkpoint, mode, beam_size, alpha, limit=None):
-  """File stem of an evaluation: eval_{split}_{checkpoint}_{mode}, filename-safe."""
+def result_name(split, checkpoint, mode, beam_size, alpha, limit=None, max_extra_len=None):
+  """File stem of an evaluation: eval_{split}_{checkpoint}_{mode}, filename-safe;
+  `max_extra_len` (given where it is not the config's) adds -x{N}, so that it
+  does not replace the evaluation at the config's output limit."""
   label = f"beam{beam_size}-a{alpha:g}" if mode == "beam" else mode
-  parts = [split, str(checkpoint), label + (f"-n{limit}" if limit else "")]
+  label += (f"-n{limit}" if limit else "") + (
+      f"-x{max_extra_len}" if max_extra_len is not None else "")
+  parts = [split, str(checkpoint), label]
   return "_".join(["eval"] + [re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts])
 
 
@@ -83,7 +87,10 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
                                       label_smoothing=config.train.label_smoothing))
   beam_size, alpha = settings["beam_size"], settings["alpha"]
-  stem = os.path.join(workdir, result_name(split, checkpoint, mode, beam_size, alpha, limit))
+  extra = settings["max_extra_len"]
+  stem = os.path.join(workdir, result_name(
+      split, checkpoint, mode, beam_size, alpha, limit,
+      None if extra == config.decode.get("max_extra_len", extra) else extra))
   scorer = metrics_lib.Scorer(config.data.dataset)
   timings, loss_totals, truncated, wall = collections.Counter(), None, 0, 0.0
   # Each chunk's hypotheses are written and flushed before the next chunk is
@@ -100,7 +107,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       scorer.add(hypotheses, [t for _, t in pairs])
       wall += time.perf_counter() - start
       timings.update(chunk_timings)
-      truncated += stats["truncated"]
+      truncated += stats["truncated_sources"]
       loss_totals = training.eval_loss_sums(eval_fn, restored.params, examples, config,
                                             restored.mesh, loss_totals)
       if out is not None:

@@ -146,11 +146,16 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
     logits_NxV = logits_NxV.astype(jnp.float32)
     if top_k > logits_NxV.shape[-1]:
       raise ValueError(f"top_k={top_k} is larger than the vocabulary ({logits_NxV.shape[-1]})")
-    if top_k > 0:
-      kth_Nx1 = jax.lax.top_k(logits_NxV, top_k)[0][:, -1:]
-      logits_NxV = jnp.where(logits_NxV < kth_Nx1, NEG_INF, logits_NxV)
+    if top_k > 0:  # Exactly k: of tokens tied with the k-th, the lowest ids, as argmax.
+      top_NxK = jax.lax.top_k(logits_NxV, top_k)[1]
+      rows_Nx1 = jnp.arange(logits_NxV.shape[0])[:, None]
+      keep_NxV = jnp.zeros(logits_NxV.shape, bool).at[rows_Nx1, top_NxK].set(True)
+      logits_NxV = jnp.where(keep_NxV, logits_NxV, NEG_INF)
+    # Shifted to a maximum of 0 first: a tiny temperature then sends the others to
+    # -inf, not every logit to +-inf (where the draw would be token 0).
+    shifted_NxV = logits_NxV - jnp.max(logits_NxV, axis=-1, keepdims=True)
     return jax.random.categorical(jax.random.fold_in(rng, t),
-                                  logits_NxV / temperature).astype(jnp.int32)
+                                  shifted_NxV / temperature).astype(jnp.int32)
 
   return _decode_loop(logits_fn, cache, choose_fn, batch_size=batch_size,
                       max_len=max_len, bos_id=bos_id, eos_id=eos_id,

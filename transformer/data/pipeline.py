@@ -31,7 +31,8 @@ BUCKET_GROWTH = 1.125  # Above 64, buckets grow ~12.5%: few shapes, < ~12.5% pad
 
 
 # The counts tokenize_pairs reports.
-STATS = ('total', 'kept', 'dropped_empty', 'dropped_overlong', 'truncated')
+# truncated: examples cut on either side; truncated_sources: those whose source was.
+STATS = ('total', 'kept', 'dropped_empty', 'dropped_overlong', 'truncated', 'truncated_sources')
 
 
 def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=False,
@@ -63,6 +64,7 @@ def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=Fa
         stats['dropped_overlong'] += 1
         continue
       stats['truncated'] += 1
+      stats['truncated_sources'] += len(s) + 1 > max_length
       s, t = s[:max_length - 1], t[:max_length - 1]
     examples.append((np.array(s + [EOS_ID], np.int32), np.array(t + [EOS_ID], np.int32)))
     kept.append(i)
