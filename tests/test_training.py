@@ -203,6 +203,51 @@ def test_budgets_and_axes_this_mesh_cannot_use_stop_before_training():
     training._check_eval_batches(config, data_8, examples)  # pylint: disable=protected-access
 
 
+def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
+    tmp_path, data_dir, monkeypatch):
+  """A SIGTERM during step 4, which evaluates and decodes, and one during step 9
+  (off every cadence): the stops skip step 4's evaluation and decoding, and their
+  checkpoints are off the checkpoint_every cadence. Resumed, the run evaluates
+  and decodes step 4 first, keeps the same best checkpoint, logs every step's
+  training metrics, and drops each stop's checkpoint before its next save: the
+  kept checkpoints are the uninterrupted run's."""
+  from transformer import preemption  # pylint: disable=g-import-not-at-top
+  config = lambda: tiny_experiment(data_dir, num_steps=12, eval_every=4, decode_every=4,
+                                   decode_examples=20, checkpoint_every=6, keep_checkpoints=2,
+                                   log_every=4)
+  logged = []
+  write = training._Progress._write  # pylint: disable=protected-access
+
+  def recording(self, prefix, step, metrics):
+    logged.append((prefix, step))
+    return write(self, prefix, step, metrics)
+
+  monkeypatch.setattr(training._Progress, "_write", recording)  # pylint: disable=protected-access
+  straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+  training.train_and_evaluate(config(), straight)
+  logged.clear()
+  stop_after = preemption.StopSignals.stop_after
+  for stop in (4, 9):
+    monkeypatch.setattr(preemption.StopSignals, "stop_after",
+                        lambda self, step, stop=stop: step == stop or stop_after(self, step))
+    with pytest.raises(preemption.Preempted):
+      training.train_and_evaluate(config(), stopped)
+    monkeypatch.setattr(preemption.StopSignals, "stop_after", stop_after)
+  training.train_and_evaluate(config(), stopped)
+  for prefix in ("eval", "decode"):
+    assert sorted(s for p, s in logged if p == prefix) == [4, 8, 12], prefix
+  assert sorted({s for p, s in logged if p == "train"}) == [4, 8, 9, 12]  # 9: the stop's steps.
+  for directory in ("checkpoints", "checkpoints_best"):
+    assert (sorted(os.listdir(os.path.join(stopped, directory)))
+            == sorted(os.listdir(os.path.join(straight, directory)))), directory
+  assert sorted(os.listdir(os.path.join(stopped, "checkpoints"))) == ["12", "6"]
+  a, data_a, _ = restore_params(straight, config(), 12)
+  b, data_b, _ = restore_params(stopped, config(), 12)
+  assert data_a == data_b
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_nan_before_any_checkpoint_says_there_is_none():
   class NoCheckpoints:
     directory = "w/checkpoints"

@@ -507,6 +507,11 @@ class Checkpointer:
   def wait(self) -> None:
     self._wait()
 
+  def delete(self, step: int) -> None:
+    """Removes checkpoint `step`, once the save in flight is written."""
+    self._wait()
+    self._manager.delete(step)
+
   def close(self) -> None:
     """Waits for the save in flight and closes; raises CheckpointSaveError if
     that save failed, unless a failure was already reported."""

@@ -210,6 +210,9 @@ class _Progress:
 # The loss is computed before a step's update and the norms after it: a finite
 # loss alone would let an update that blows the parameters up be saved.
 _FINITE_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")
+# The key of a stop's checkpoint's data state that lists the evaluation and
+# decoding its step skipped, which the resumed run does first.
+OWED = "owed"
 
 
 def _check_finite(step, metrics_list, checkpointer):
@@ -326,13 +329,20 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     decode_sources = [s for s, _ in decode_pairs]
     decode_references = [t for _, t in decode_pairs]
     restored = checkpointer.restore(abstract, shardings)
+    owed = []  # What a stop skipped at the restored step: run before the next step.
     if restored is None:
       state = state_lib.init_state(model, tx, config, shardings)
     else:
       state, data_state, step = restored
+      owed = data_state.pop(OWED, [])
       data.train_batches.set_state(data_state)  # Checks the batches are the saved ones.
-      logging.info("Resumed from step %d.", step)
+      logging.info("Resumed from step %d%s.", step,
+                   f"; running its {' and '.join(owed)} that the stop skipped" if owed else "")
     start = int(state.step)
+    # A stop's checkpoint off the checkpoint_every cadence goes before the next
+    # checkpoint is saved: it would take a keep_checkpoints place (and a place in
+    # the checkpoints averaged) that the uninterrupted run's regular ones hold.
+    stop_checkpoint = start if restored and start % config.train.checkpoint_every else None
     if start >= config.train.num_steps:
       logging.warning("The checkpoint is at step %d, train.num_steps=%d: nothing to train "
                       "(raise --config.train.num_steps to go on).", start,
@@ -343,6 +353,31 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     # pending: the steps' metrics on the devices, fetched and checked whenever
     # the loop logs, saves or decodes; checked: those fetched since the last log.
     pending, checked, eval_metrics = [], [], {}
+
+    def run_eval(step):
+      with progress.timed("eval"):
+        metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config, mesh)
+      eval_metrics.clear()
+      eval_metrics.update(metrics)
+      progress.log_eval(step, eval_metrics)
+
+    def run_decode(step):
+      """Decodes the eval sources; a better score than the kept best is saved."""
+      with progress.timed("decode"):
+        decoded, hypotheses = inference.evaluate_examples(
+            model, state.params, decode_examples, decode_references,
+            data.tokenizer, config, mesh, mode=config.train.decode_mode,
+            **inference.decode_settings(config))
+      progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
+      eval_metrics[best_metric] = decoded[best_metric]
+      previous = best.best_value(best_metric)
+      if previous is None or decoded[best_metric] > previous:
+        with progress.timed("save"):
+          best.save(step, state, data.train_batches.get_state(),
+                    metrics={best_metric: float(decoded[best_metric])})
+
+    for work in owed:
+      {"eval": run_eval, "decode": run_decode}[work](start)
     signals = preemption.StopSignals().install()  # SIGTERM/SIGINT: save, then stop.
     for step in range(start + 1, config.train.num_steps + 1):
       waited = time.perf_counter()
@@ -355,9 +390,14 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       last = step == config.train.num_steps
       stopping = signals.stop_after(step) and not last
       saving = step % config.train.checkpoint_every == 0 or last or stopping
-      logging_now = step % config.train.log_every == 0 or last
-      decoding = (config.train.decode_every and not stopping
-                  and (step % config.train.decode_every == 0 or last))
+      logging_now = step % config.train.log_every == 0 or last or stopping
+      # A stop skips this step's evaluation and decoding (a preemption's grace
+      # is short); its checkpoint owes them to the resumed run.
+      due = [work for work, now in (
+          ("eval", step % config.train.eval_every == 0 or last),
+          ("decode", config.train.decode_every and (
+              step % config.train.decode_every == 0 or last))) if now]
+      decoding = "decode" in due and not stopping
       # Every step since the last check is checked before anything is saved.
       if logging_now or decoding or saving:
         pending = jax.device_get(pending)
@@ -367,27 +407,19 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           progress.log_train(step, checked, float(schedule(step - 1)))  # Step's update.
           checked = []
       progress.report(step)
-      if (step % config.train.eval_every == 0 or last) and not stopping:
-        with progress.timed("eval"):
-          eval_metrics = evaluate_loss(eval_fn, state.params, data.eval_examples, config,
-                                       mesh)
-        progress.log_eval(step, eval_metrics)
+      if "eval" in due and not stopping:
+        run_eval(step)
       if decoding:
-        with progress.timed("decode"):
-          decoded, hypotheses = inference.evaluate_examples(
-              model, state.params, decode_examples, decode_references,
-              data.tokenizer, config, mesh, mode=config.train.decode_mode,
-              **inference.decode_settings(config))
-        progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
-        eval_metrics[best_metric] = decoded[best_metric]
-        previous = best.best_value(best_metric)
-        if previous is None or decoded[best_metric] > previous:
-          with progress.timed("save"):
-            best.save(step, state, data.train_batches.get_state(),
-                      metrics={best_metric: float(decoded[best_metric])})
+        run_decode(step)
       if saving:
+        data_state = data.train_batches.get_state()
+        if stopping and due:
+          data_state[OWED] = due
         with progress.timed("save"):  # Waits for the save before, if still writing.
-          checkpointer.save(step, state, data.train_batches.get_state())
+          if stop_checkpoint is not None:
+            checkpointer.delete(stop_checkpoint)
+            stop_checkpoint = None
+          checkpointer.save(step, state, data_state)
       if stopping:
         raise preemption.Preempted(signals.signum, step, checkpointer.directory)
   finally:
