@@ -64,6 +64,22 @@ def test_summary_command_prints_total_last():
       "summary: error: config.model.num_heads=7: d_model=512 must be divisible")
 
 
+def test_summary_of_a_workdir_counts_its_trained_vocabulary(tmp_path):
+  """configs/default.py asks for 32 word pieces; SCAN's text has 19 words, so
+  the trained vocabulary holds 23 ids and the model 925,568 parameters (the
+  README's figure), not the 926,720 that data.vocab_size gives."""
+  from transformer import training  # pylint: disable=g-import-not-at-top
+  from transformer.data import tokenizer  # pylint: disable=g-import-not-at-top
+  training.save_config(default.get_config(), str(tmp_path))
+  words = " ".join(f"w{i}" for i in range(19))
+  tokenizer.train([words], "word", 32).save(str(tmp_path / "spm.model"))
+  out = subprocess.run([sys.executable, "-m", "transformer.summary", "--workdir",
+                        str(tmp_path)], capture_output=True, text=True, check=True)
+  lines = out.stdout.strip().splitlines()
+  assert lines[0] == f"Embeddings at the trained vocabulary of {tmp_path}: 23 ids"
+  assert lines[-1] == "Total parameters: 925,568"
+
+
 def test_summary_table_rows_add_up():
   rows = parameter_rows(parameter_shapes(model_config(default.get_config())))
   table = format_table(rows)

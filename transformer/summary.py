@@ -1,9 +1,14 @@
-"""Parameter table of a config's model.
+"""Parameter table of a config's model, or of a trained workdir's.
 
   python -m transformer.summary --config configs/base.py
+  python -m transformer.summary --workdir runs/default
 
-Prints one row per module (path, parameter shapes, count) and, last, the line
-`Total parameters: N`. Shapes come from jax.eval_shape: nothing is allocated.
+Prints a first line saying which vocabulary the embeddings are counted at, one
+row per module (path, parameter shapes, count) and, last, the line `Total
+parameters: N`. A config counts its data.vocab_size, which a trained word
+vocabulary can fall short of (SCAN's has 23 of the 32 asked for); a workdir
+counts its trained vocabulary. Shapes come from jax.eval_shape: nothing is
+allocated.
 """
 
 import collections
@@ -15,10 +20,13 @@ import jax.numpy as jnp
 from ml_collections import config_flags
 
 from transformer import runtime
+from transformer import workdir as workdir_lib
 from transformer.config import model_config
 from transformer.state import make_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir, instead of --config: "
+                               "its config and trained vocabulary.")
 
 
 def parameter_shapes(cfg):
@@ -53,9 +61,18 @@ def format_table(rows) -> str:
 def main(argv):
   del argv
   with runtime.one_line_errors("summary"):  # A bad model field: one line naming it.
-    print(format_table(parameter_rows(parameter_shapes(model_config(_CONFIG.value)))))
+    if (_CONFIG.value is None) == (_WORKDIR.value is None):
+      raise ValueError("give --config or --workdir (one of them)")
+    if _WORKDIR.value:
+      config = workdir_lib.load_config(_WORKDIR.value)
+      vocab_size = workdir_lib.load_tokenizer(_WORKDIR.value, config).vocab_size
+      print(f"Embeddings at the trained vocabulary of {_WORKDIR.value}: {vocab_size} ids")
+    else:
+      config, vocab_size = _CONFIG.value, 0
+      print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
+            "vocabulary can hold fewer: --workdir counts a trained model)")
+    print(format_table(parameter_rows(parameter_shapes(model_config(config, vocab_size)))))
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("config")
   app.run(main, flags_parser=lambda argv: runtime.parse_flags(argv, "summary"))
