@@ -1,6 +1,7 @@
 """Training end to end on tiny SCAN runs: loss falls, checkpoints resume exactly,
 gradient accumulation equals one big batch, sharded equals single-device."""
 
+import contextlib
 import glob
 import logging
 import os
@@ -246,6 +247,33 @@ def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
   assert data_a == data_b
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_the_wait_for_the_kept_best_is_timed_as_saving(tmp_path, data_dir, monkeypatch):
+  """Reading the kept best's value waits for its save in flight: that time is
+  saving's (left out of tokens/s), not training's."""
+  inside, calls = [], []
+  timed, best_value = training._Progress.timed, checkpoints.Checkpointer.best_value  # pylint: disable=protected-access
+
+  @contextlib.contextmanager
+  def tracked(self, name):
+    inside.append(name)
+    try:
+      with timed(self, name):
+        yield
+    finally:
+      inside.pop()
+
+  def recorded(self, metric):
+    calls.append(list(inside))
+    return best_value(self, metric)
+
+  monkeypatch.setattr(training._Progress, "timed", tracked)  # pylint: disable=protected-access
+  monkeypatch.setattr(checkpoints.Checkpointer, "best_value", recorded)
+  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=4, decode_every=2,
+                                              decode_examples=10, eval_every=100),
+                              str(tmp_path / "w"))
+  assert calls == [["save"], ["save"]]
 
 
 def test_nan_before_any_checkpoint_says_there_is_none():

@@ -370,9 +370,9 @@ def _train_and_evaluate(config, workdir: str) -> dict:
             **inference.decode_settings(config))
       progress.log_decode(step, decoded, decode_sources, decode_references, hypotheses)
       eval_metrics[best_metric] = decoded[best_metric]
-      previous = best.best_value(best_metric)
-      if previous is None or decoded[best_metric] > previous:
-        with progress.timed("save"):
+      with progress.timed("save"):  # The kept best's value waits for its save in flight.
+        previous = best.best_value(best_metric)
+        if previous is None or decoded[best_metric] > previous:
           best.save(step, state, data.train_batches.get_state(),
                     metrics={best_metric: float(decoded[best_metric])})
 
