@@ -273,6 +273,23 @@ def test_resume_with_another_shape_stops_naming_the_fields(tmp_path, caplog):
   assert "changed fields: train.eval_every 15 -> 7; train.num_steps 30 -> 60" in caplog.text
 
 
+def test_a_resume_that_changes_how_the_best_is_scored_warns(tmp_path, caplog):
+  """The kept best checkpoint's score was measured with the old decoding
+  settings; a resume that changes them compares new scores with it as is."""
+  config = tiny_experiment(tmp_path / "tfds")
+  workdir = _trained_looking_workdir(tmp_path, config)
+  changed = tiny_experiment(tmp_path / "tfds", num_steps=60, decode_mode="beam")
+  changed.decode.tokens_per_batch = 1024  # Speed only: no warning of its own.
+  with caplog.at_level(logging.INFO):
+    workdir_lib.check_resume_config(workdir, changed)
+  assert "other decoding settings" not in caplog.text  # No best checkpoint yet.
+  os.makedirs(os.path.join(workdir, "checkpoints_best", "3"))
+  with caplog.at_level(logging.INFO):
+    workdir_lib.check_resume_config(workdir, changed)
+  assert ("with other decoding settings (train.decode_mode): the kept best checkpoint was "
+          "scored with the old ones") in caplog.text
+
+
 def test_train_command_names_the_mismatch_in_one_line(tmp_path):
   from configs import default  # pylint: disable=g-import-not-at-top
   workdir = _trained_looking_workdir(tmp_path, default.get_config())

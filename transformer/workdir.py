@@ -55,6 +55,10 @@ class ConfigMismatchError(runtime.CommandError):
   """A resume whose config changes a field the workdir's checkpoints depend on."""
 
 
+# What the in-training decode score, which picks the best checkpoint, is measured on.
+SCORE_FIELDS = ("train.decode_mode", "train.decode_examples", "data.eval_split",
+                "decode.beam_size", "decode.alpha", "decode.max_extra_len")
+
 # What a trained vocabulary depends on besides its own fields: the text it was
 # trained on (the training split of that dataset, both languages).
 VOCABULARY_TEXT = ("data.dataset", "data.source_lang", "data.target_lang", "data.train_split")
@@ -98,6 +102,12 @@ def check_resume_config(workdir: str, config) -> None:
   if free:
     logging.info("Resuming %s with changed fields: %s", workdir,
                  "; ".join(f"{f} {o!r} -> {n!r}" for f, o, n in free))
+  measure = [f for f, _, _ in free if f in SCORE_FIELDS]
+  best = os.path.join(workdir, CHECKPOINT_DIRS["best"])
+  if measure and os.path.isdir(best) and checkpoints.complete_steps(best):
+    logging.warning("Resuming %s with other decoding settings (%s): the kept best "
+                    "checkpoint was scored with the old ones, and new scores are compared "
+                    "with it as they stand.", workdir, ", ".join(measure))
 
 
 def distributed_settings(workdir: str):
