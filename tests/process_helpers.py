@@ -109,8 +109,15 @@ def restore_final(workdir, step=None):
   mesh = sharding.make_mesh(jax.devices()[:1])
   vocab = tokenizer.Tokenizer.load(os.path.join(workdir, "spm.model")).vocab_size
   _, _, abstract, shardings, _ = state_lib.build(get_config(), vocab, mesh)
-  return checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
-                                  read_only=True).restore(abstract, shardings, step)
+  state, data_state, step = checkpoints.Checkpointer(
+      os.path.join(workdir, "checkpoints"), read_only=True).restore(abstract, shardings, step)
+  return state, position(data_state), step
+
+
+def position(data_state):
+  """A checkpoint's data position: its data state without a stop's marks."""
+  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  return {k: v for k, v in data_state.items() if k not in (checkpoints.STOPPED, checkpoints.OWED)}
 
 
 def assert_same_state(a, b):

@@ -43,7 +43,7 @@ def restore_params(workdir, config, step=None):
   _, _, abstract, shardings, _ = state_lib.build(config, vocab, mesh)
   state, data_state, restored_step = checkpoints.Checkpointer(
       os.path.join(workdir, "checkpoints"), read_only=True).restore(abstract, shardings, step)
-  return state, data_state, restored_step
+  return state, process_helpers.position(data_state), restored_step
 
 
 def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplog,
@@ -205,16 +205,16 @@ def test_budgets_and_axes_this_mesh_cannot_use_stop_before_training():
 
 
 def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
-    tmp_path, data_dir, monkeypatch):
+    tmp_path, data_dir, monkeypatch, caplog):
   """A SIGTERM during step 4, which evaluates and decodes, and one during step 9
-  (off every cadence): the stops skip step 4's evaluation and decoding, and their
-  checkpoints are off the checkpoint_every cadence. Resumed, the run evaluates
-  and decodes step 4 first, keeps the same best checkpoint, logs every step's
-  training metrics, and drops each stop's checkpoint before its next save: the
-  kept checkpoints are the uninterrupted run's."""
-  from transformer import preemption  # pylint: disable=g-import-not-at-top
+  (off every cadence): the stops skip step 4's evaluation and decoding and save
+  checkpoints marked as a stop's. Resumed, the run evaluates and decodes step 4
+  first (decoding only where this run decodes), keeps the same best checkpoint,
+  logs every step's training metrics, and ends in the uninterrupted run's state;
+  averaging names a stop's checkpoint among those it averages."""
+  from transformer import average_checkpoints, preemption  # pylint: disable=g-import-not-at-top
   config = lambda: tiny_experiment(data_dir, num_steps=12, eval_every=4, decode_every=4,
-                                   decode_examples=20, checkpoint_every=6, keep_checkpoints=2,
+                                   decode_examples=20, checkpoint_every=6, keep_checkpoints=3,
                                    log_every=4)
   logged = []
   write = training._Progress._write  # pylint: disable=protected-access
@@ -238,15 +238,31 @@ def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
   for prefix in ("eval", "decode"):
     assert sorted(s for p, s in logged if p == prefix) == [4, 8, 12], prefix
   assert sorted({s for p, s in logged if p == "train"}) == [4, 8, 9, 12]  # 9: the stop's steps.
-  for directory in ("checkpoints", "checkpoints_best"):
-    assert (sorted(os.listdir(os.path.join(stopped, directory)))
-            == sorted(os.listdir(os.path.join(straight, directory)))), directory
-  assert sorted(os.listdir(os.path.join(stopped, "checkpoints"))) == ["12", "6"]
+  assert (os.listdir(os.path.join(stopped, "checkpoints_best"))
+          == os.listdir(os.path.join(straight, "checkpoints_best")))
+  # The stops' checkpoints stay until they age out: a kill before the next save
+  # resumes from them.
+  assert sorted(map(int, os.listdir(os.path.join(stopped, "checkpoints")))) == [6, 9, 12]
   a, data_a, _ = restore_params(straight, config(), 12)
   b, data_b, _ = restore_params(stopped, config(), 12)
   assert data_a == data_b
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with caplog.at_level(logging.WARNING):
+    average_checkpoints.average_checkpoints(stopped, last=3)
+  assert "Averaged steps [6, 9, 12] include 9, saved by a stop" in caplog.text
+  # A stop on a decoding step, resumed with decoding off: only the evaluation is owed.
+  logged.clear()
+  again = str(tmp_path / "again")
+  monkeypatch.setattr(preemption.StopSignals, "stop_after",
+                      lambda self, step: step == 4 or stop_after(self, step))
+  with pytest.raises(preemption.Preempted):
+    training.train_and_evaluate(config(), again)
+  monkeypatch.setattr(preemption.StopSignals, "stop_after", stop_after)
+  no_decoding = config()
+  no_decoding.train.decode_every, no_decoding.train.num_steps = 0, 5
+  training.train_and_evaluate(no_decoding, again)
+  assert [(p, s) for p, s in logged if p in ("eval", "decode")] == [("eval", 4), ("eval", 5)]
 
 
 def test_the_wait_for_the_kept_best_is_timed_as_saving(tmp_path, data_dir, monkeypatch):

@@ -98,14 +98,23 @@ def _average(workdir, last, mesh):
   chosen = steps[-last:]
   newest = {}
 
+  stops = []
+
   def restored_params():
     for step in chosen:
       state, data_state, _ = source.restore(opened.built.abstract, opened.built.shardings,
                                             step)
+      if data_state.pop(checkpoints.STOPPED, False):
+        stops.append(step)
+      data_state.pop(checkpoints.OWED, None)
       newest.update(state=state, data_state=data_state)
       yield state.params
 
   params = mean_params(restored_params())
+  if stops:  # Off the checkpoint_every cadence: not what an uninterrupted run averages.
+    logging.warning("Averaged steps %s include %s, saved by a stop (a preemption or Ctrl-C) "
+                    "between regular checkpoints.", chosen,
+                    ", ".join(map(str, stops)))
   # The newest checkpoint's step, optimizer state, rng and data position.
   averaged = newest["state"].replace(params=params)
 

@@ -56,6 +56,9 @@ CHECKSUM_ALGORITHM = 2
 UNREADABLE_SUFFIX = ".unreadable"
 REPLACED_SUFFIX = ".replaced"  # A best checkpoint moved aside while its step is saved again.
 _METRICS = ocp.checkpoint_manager.METRIC_ITEM_NAME  # The item (and file) of a step's metrics.
+# Keys training adds to the data state of a checkpoint that a stop saved: its
+# mark, and the evaluation and decoding its step skipped (the resumed run's first).
+STOPPED, OWED = "stopped", "owed"
 
 
 class CheckpointSaveError(runtime.CommandError):
@@ -506,11 +509,6 @@ class Checkpointer:
 
   def wait(self) -> None:
     self._wait()
-
-  def delete(self, step: int) -> None:
-    """Removes checkpoint `step`, once the save in flight is written."""
-    self._wait()
-    self._manager.delete(step)
 
   def close(self) -> None:
     """Waits for the save in flight and closes; raises CheckpointSaveError if

@@ -210,9 +210,7 @@ class _Progress:
 # The loss is computed before a step's update and the norms after it: a finite
 # loss alone would let an update that blows the parameters up be saved.
 _FINITE_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")
-# The key of a stop's checkpoint's data state that lists the evaluation and
-# decoding its step skipped, which the resumed run does first.
-OWED = "owed"
+
 
 
 def _check_finite(step, metrics_list, checkpointer):
@@ -334,15 +332,14 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       state = state_lib.init_state(model, tx, config, shardings)
     else:
       state, data_state, step = restored
-      owed = data_state.pop(OWED, [])
+      owed = data_state.pop(checkpoints.OWED, [])
+      data_state.pop(checkpoints.STOPPED, None)
+      if not config.train.decode_every and "decode" in owed:
+        owed.remove("decode")  # Decoding is off in this run.
       data.train_batches.set_state(data_state)  # Checks the batches are the saved ones.
       logging.info("Resumed from step %d%s.", step,
                    f"; running its {' and '.join(owed)} that the stop skipped" if owed else "")
     start = int(state.step)
-    # A stop's checkpoint off the checkpoint_every cadence goes before the next
-    # checkpoint is saved: it would take a keep_checkpoints place (and a place in
-    # the checkpoints averaged) that the uninterrupted run's regular ones hold.
-    stop_checkpoint = start if restored and start % config.train.checkpoint_every else None
     if start >= config.train.num_steps:
       logging.warning("The checkpoint is at step %d, train.num_steps=%d: nothing to train "
                       "(raise --config.train.num_steps to go on).", start,
@@ -413,12 +410,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
         run_decode(step)
       if saving:
         data_state = data.train_batches.get_state()
-        if stopping and due:
-          data_state[OWED] = due
+        if stopping:  # Marked: average_checkpoints names it among regular ones.
+          data_state[checkpoints.STOPPED] = True
+          if due:
+            data_state[checkpoints.OWED] = due
         with progress.timed("save"):  # Waits for the save before, if still writing.
-          if stop_checkpoint is not None:
-            checkpointer.delete(stop_checkpoint)
-            stop_checkpoint = None
           checkpointer.save(step, state, data_state)
       if stopping:
         raise preemption.Preempted(signals.signum, step, checkpointer.directory)
