@@ -38,7 +38,6 @@ def config_for(fsdp, mesh="data=-1,model=1"):
   config.model.d_ff = 256
   config.model.num_heads = 4  # The model axis splits whole heads.
   config.optim.adam_eps = 1e-3  # See test_training.ADAM_EPS_NOTE.
-  config.data.max_length = 8  # decode_all's sources: 8 rows of the widest fit in 64 tokens.
   return config
 
 

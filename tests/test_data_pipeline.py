@@ -206,6 +206,18 @@ def test_eval_batches_cover_every_example_once_in_known_rows():
   assert sorted(seen) == list(range(N))
 
 
+def test_eval_batches_give_a_bucket_too_wide_for_the_budget_one_row_a_device():
+  """A budget under one row a device of a bucket's width (a long line late in a
+  split; more devices than training had) still evaluates that bucket, in
+  batches of batch_multiple rows, instead of stopping after the lines before it."""
+  examples = [(np.arange(4, 4 + n, dtype=np.int32), np.array([3], np.int32))
+              for n in (3, 30, 5, 29)]
+  batches = list(pipeline.eval_batches(examples, 64, batch_multiple=4))
+  widths = {tuple(b['inputs'].shape) for _, b in batches}
+  assert widths == {(4, 8), (4, 32)}  # 4 rows of 32 exceed 64 tokens: the fewest there can be.
+  assert sorted(i for indices, _ in batches for i in indices.tolist()) == [0, 1, 2, 3]
+
+
 class _CharTokenizer:
   def encode_batch(self, texts):
     return [[4 + ord(c) % 60 for c in t.replace(' ', '')] for t in texts]

@@ -129,10 +129,6 @@ def test_an_existing_output_is_replaced_only_by_a_complete_translation(workdir, 
   assert not (tmp_path / "out.txt.partial").exists()  # Nothing was written.
   src = tmp_path / "in.txt"
   src.write_text("walk twice\njump\nlook left\n")
-  with pytest.raises(ValueError, match=r"tokens_per_batch=8 source tokens cannot hold the "
-                     r"longest source this model reads"):  # Though these lines are short.
-    translate.run(workdir, str(src), str(out), mode="greedy", tokens_per_batch=8)
-  assert out.read_text() == "keep me\n" and not (tmp_path / "out.txt.partial").exists()
   translate_ids = translate.translate_ids
   calls = []
 
@@ -227,6 +223,9 @@ def test_many_overlong_lines_are_named_ten_times_then_counted_once(workdir, tmp_
   assert named == list(range(2, 12))  # The first ten, across chunks of 7.
   assert ("warning: 25 of 27 lines were longer than the source limit of 64 tokens (EOS "
           "included) and were truncated; the first is line 2") in err
+  # A budget under one row of the widest batch (64 tokens): one row a batch there.
+  assert translate.run(workdir, str(src), str(tmp_path / "small.txt"), mode="greedy",
+                       chunk_lines=7, tokens_per_batch=8) == outputs
 
 
 # Lines as a file can hold them: any Unicode but the line end, control characters,

@@ -72,25 +72,6 @@ def _compiled(model, params, inputs, rng, mesh, settings):
   return _COMPILED[key]
 
 
-def decode_budget(config, mesh, tokens_per_batch=None) -> int:
-  """Source tokens per decoding batch: `tokens_per_batch`, else config.decode's,
-  else config.data's. A ValueError naming them where it cannot hold the data
-  axis' rows of the longest source the model reads (data.max_length), so that
-  a long line fails a run at its start, not in its thousandth batch."""
-  # .get: configs saved before the field existed lack it.
-  budget = (tokens_per_batch or config.decode.get("tokens_per_batch")
-            or config.data.tokens_per_batch)
-  widest = data_lib.pipeline.bucket_lengths(config.data.max_length)[-1]
-  rows = sharding.row_multiple(mesh)
-  if budget < widest * rows:
-    raise ValueError(
-        f"a decoding batch of tokens_per_batch={budget} source tokens cannot hold the "
-        f"longest source this model reads (data.max_length={config.data.max_length}: "
-        f"batches up to {widest} wide, {rows} row(s) each on this mesh): give at least "
-        f"{widest * rows} (--tokens_per_batch, or config.decode.tokens_per_batch)")
-  return budget
-
-
 def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_size=4,
                alpha=0.6, max_extra_len=50, rng=None, temperature=1.0, top_k=0,
                tokens_per_batch=None, compact=0, concurrent_batches=None,
@@ -112,7 +93,9 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
               int(top_k), int(compact) if mode == "beam" else 0)
-  tokens_per_batch = decode_budget(config, mesh, tokens_per_batch)
+  # .get: configs saved before the field existed lack it.
+  tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
+                      or config.data.tokens_per_batch)
   out = [None] * len(examples)
   compile_s = 0.0
   jobs = []

@@ -234,26 +234,14 @@ def _check_model_axis(config, mesh) -> None:
   check_model_axis(config, mesh.shape[sharding.MODEL_AXIS], f", of {jax.device_count()} devices")
 
 
-def _check_eval_batches(config, mesh, eval_examples) -> None:
-  """Stops the run now, naming the field, where evaluation or decoding during
-  training would fail later (after a run's worth of steps, and before that
-  step's checkpoint): an empty eval split, a budget too small for
-  row_multiple(mesh) rows of an eval example's length bucket, or a decoding
-  budget too small for the longest source (inference.decode_budget)."""
+def _check_eval_batches(config, eval_examples) -> None:
+  """Stops the run now, naming the field, where evaluation during training would
+  fail later (after a run's worth of steps): an empty eval split. (Any budget
+  serves evaluation and decoding: data.eval_batches gives a batch too wide for
+  it one row a device.)"""
   if not eval_examples:
     raise ValueError(f"eval split {config.data.eval_split!r} of {config.data.dataset} has no "
                      "examples (config.data.eval_split)")
-  budget = config.data.tokens_per_batch
-  try:
-    for _ in data_lib.eval_batches(eval_examples, budget,
-                                   batch_multiple=sharding.row_multiple(mesh),
-                                   max_length=config.data.max_length):
-      pass
-  except ValueError as e:
-    raise ValueError(f"config.data.tokens_per_batch={budget} on a data axis of "
-                     f"{sharding.row_multiple(mesh)}: {e}") from e
-  if config.train.decode_every:
-    inference.decode_budget(config, mesh)
 
 
 def _close_all(closers) -> None:
@@ -300,7 +288,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
   _check_model_axis(config, mesh)
   data = load_data(config, workdir, mesh)
-  _check_eval_batches(config, mesh, data.eval_examples)
+  _check_eval_batches(config, data.eval_examples)
   if jax.process_index() == 0:
     save_config(config, workdir)
   logging.info("Data: %s", json.dumps(data.stats))

@@ -82,8 +82,13 @@ def bucket_lengths(max_length):
   return out + [top]
 
 
-def _rows_for(length, tokens_per_batch, batch_multiple):
+def _rows_for(length, tokens_per_batch, batch_multiple, at_least_one_each=False):
+  """Rows of a batch of padded `length`: a multiple of batch_multiple within the
+  budget. Under one row a device, an error; or with at_least_one_each (batches
+  that only evaluate), batch_multiple rows over the budget, the fewest there can be."""
   rows = (tokens_per_batch // length) // batch_multiple * batch_multiple
+  if rows < batch_multiple and at_least_one_each:
+    return batch_multiple
   if rows < batch_multiple:
     raise ValueError(f'tokens_per_batch={tokens_per_batch} is too small: a batch of padded '
                      f'length {length} needs at least batch_multiple={batch_multiple} rows, '
@@ -100,14 +105,15 @@ def _buckets(lengths, max_length, what):
   return buckets, np.searchsorted(buckets, lengths)
 
 
-def _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple, order=None):
+def _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple, order=None,
+                   at_least_one_each=False):
   """Yields (padded length, example indices) of each batch, bucket by bucket; a
   bucket's examples come in index order, or in `order(indices)`."""
   for b, length in enumerate(buckets.tolist()):
     idx = np.flatnonzero(bucket_of == b)
     idx = (idx if order is None else order(idx)).tolist()
     if idx:
-      rows = _rows_for(length, tokens_per_batch, batch_multiple)
+      rows = _rows_for(length, tokens_per_batch, batch_multiple, at_least_one_each)
       for start in range(0, len(idx), rows):
         yield length, idx[start:start + rows]
 
@@ -258,14 +264,18 @@ def eval_batches(examples, tokens_per_batch, batch_multiple=1, max_length=None):
   remaining rows are all PAD. A bucket's last, partial batch is padded to
   batch_multiple * 2^k rows (at most a full batch), so the batches of every chunk
   of a long split share a few shapes: each new shape is another compiled program
-  held in memory by whoever runs them (evaluate's loss and decoding).
+  held in memory by whoever runs them (evaluate's loss and decoding). A bucket
+  too wide for one row a device within tokens_per_batch gets one row a device:
+  a long line late in a split (or more devices than training had) is evaluated,
+  not an error after the lines before it.
   """
   if not examples:
     return
   buckets, bucket_of = _buckets(np.maximum(*_lengths(examples)), max_length,
                                 'an eval example')
-  for length, chunk in _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple):
-    full, padded = _rows_for(length, tokens_per_batch, batch_multiple), batch_multiple
+  for length, chunk in _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple,
+                                      at_least_one_each=True):
+    full, padded = _rows_for(length, tokens_per_batch, batch_multiple, True), batch_multiple
     while padded < len(chunk):
       padded *= 2
     padded = max(len(chunk), min(padded, full))
