@@ -108,8 +108,13 @@ def test_carriage_return_line_ends_are_named(tmp_path):
   traceback followed; CRLF reads as LF."""
   _write(tmp_path / 'train.en', 'a dog\rtwo cats\r')
   _write(tmp_path / 'train.de', 'ein Hund\rzwei Katzen\r')
-  with pytest.raises(ValueError, match=r'train\.en:1: line holds a carriage return'):
+  with pytest.raises(ValueError, match=r'train\.en:1: lines end in a carriage return'):
     parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')
+  # A stray CR inside a line of an LF file stays part of the line.
+  _write(tmp_path / 'train.en', 'a dog\rbarks\ntwo cats\n')
+  _write(tmp_path / 'train.de', 'ein Hund\nzwei Katzen\n')
+  assert parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')[0] == (
+      'a dog\rbarks', 'ein Hund')
 
 
 def test_a_split_whose_every_pair_is_too_long_says_so(tmp_path):

@@ -39,11 +39,12 @@ def test_a_slurm_step_with_fewer_tasks_than_gpus_on_a_node_is_warned_of():
   node of 8 GPUs would use 1 of them."""
   node = {"SLURM_GPUS_ON_NODE": "8", "SLURM_NODEID": "1"}
   assert "8 GPUs and runs 1 task(s)" in distributed.slurm_idle_gpus(
-      {**node, "SLURM_STEP_TASKS_PER_NODE": "8,1"})
+      {**node, "SLURM_STEP_TASKS_PER_NODE": "1,1"})
   assert "7 will be idle" in distributed.slurm_idle_gpus(
       {**node, "SLURM_TASKS_PER_NODE": "1(x2)"})
   assert distributed.slurm_idle_gpus({**node, "SLURM_STEP_TASKS_PER_NODE": "8(x2)"}) is None
-  assert distributed.slurm_idle_gpus({**node, "SLURM_TASKS_PER_NODE": "4,8"}) is None
+  # Uneven tasks per node: which entry is this node's is unknown, so no warning.
+  assert distributed.slurm_idle_gpus({**node, "SLURM_TASKS_PER_NODE": "1,8"}) is None
   assert distributed.slurm_idle_gpus({"SLURM_TASKS_PER_NODE": "1(x2)"}) is None  # No GPUs.
 
 

@@ -128,13 +128,13 @@ def test_result_name_is_filename_safe():
 def test_another_output_limit_does_not_replace_the_configs_evaluation(workdir):
   """--max_extra_len other than config.decode's writes a file of its own: the
   evaluation at the config's limit, which result tables read, stays."""
-  default, default_path = evaluate.run(workdir, split="test[:6]", mode="greedy")
-  short, short_path = evaluate.run(workdir, split="test[:6]", mode="greedy", max_extra_len=1)
+  default, default_path = evaluate.run(workdir, split="test[:5]", mode="greedy")
+  short, short_path = evaluate.run(workdir, split="test[:5]", mode="greedy", max_extra_len=1)
   assert short_path.endswith("_greedy-x1.json") and short_path != default_path
   with open(default_path) as f:
     assert json.load(f)["max_extra_len"] == default["max_extra_len"] != 1
   assert short["max_extra_len"] == 1
-  again, path = evaluate.run(workdir, split="test[:6]", mode="greedy",
+  again, path = evaluate.run(workdir, split="test[:5]", mode="greedy",
                              max_extra_len=default["max_extra_len"])
   assert path == default_path  # The config's own limit, given explicitly: the same name.
 

@@ -62,6 +62,17 @@ def test_the_mesh_is_laid_out_host_by_host_whatever_the_device_ids():
     sharding.device_grid(devices[:7], 7, 1)
 
 
+def test_a_layout_jax_cannot_make_is_a_value_error_naming_the_mesh(monkeypatch):
+  """mesh_utils raises AssertionError for some TPU topologies: it becomes the
+  ValueError that names config.train.mesh (and that mesh_for_reading falls back on)."""
+  def cannot(*args, **kwargs):
+    raise AssertionError("no such torus")
+  monkeypatch.setattr(sharding.mesh_utils, "create_hybrid_device_mesh", cannot)
+  with pytest.raises(ValueError, match=r"config.train.mesh='data=-1,model=1': JAX cannot lay "
+                     r"out \[\d+, 1\] over this job's devices: no such torus"):
+    sharding.make_mesh()
+
+
 def test_mesh_for_reading_falls_back_to_data_parallel():
   assert dict(sharding.mesh_for_reading("data=1,model=64").shape) == {
       "data": jax.device_count(), "model": 1}

@@ -147,6 +147,11 @@ def test_an_existing_output_is_replaced_only_by_a_complete_translation(workdir, 
   outputs = translate.run(workdir, str(src), str(out), mode="greedy", chunk_lines=2)
   assert out.read_text() == "".join(o + "\n" for o in outputs) and len(outputs) == 3
   assert not (tmp_path / "out.txt.partial").exists()
+  # A symlink (or a device, a pipe) is written through, not renamed over.
+  link = tmp_path / "link.txt"
+  link.symlink_to(tmp_path / "target.txt")
+  translate.run(workdir, str(src), str(link), mode="greedy")
+  assert link.is_symlink() and (tmp_path / "target.txt").read_text() == out.read_text()
 
 
 def test_command_reports_bad_input_without_traceback(tmp_path):

@@ -98,9 +98,12 @@ def slurm_idle_gpus(environ) -> Optional[str]:
   try:
     gpus = int(environ["SLURM_GPUS_ON_NODE"])
     per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ["SLURM_TASKS_PER_NODE"]
-    tasks = _tasks_per_node(per_node)[int(environ.get("SLURM_NODEID", 0))]
-  except (KeyError, ValueError, IndexError):
+    counts = set(_tasks_per_node(per_node))
+  except (KeyError, ValueError):
     return None
+  if len(counts) != 1:  # Which entry is this node's is not known here: no guess.
+    return None
+  tasks = counts.pop()
   if tasks >= gpus:
     return None
   return (f"this node has {gpus} GPUs and runs {tasks} task(s) of the job step; JAX "

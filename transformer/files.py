@@ -83,6 +83,13 @@ class BusyError(runtime.CommandError):
   """Another run is writing the same output file."""
 
 
+def writes_through_partial(path: str) -> bool:
+  """Whether `path` is written as `path`.partial and renamed: a regular file or
+  a new name. A symlink, a device (/dev/null) or a pipe (/dev/fd/N) is written
+  directly: renaming over it would replace it."""
+  return not os.path.lexists(path) or (os.path.isfile(path) and not os.path.islink(path))
+
+
 def open_partial(path: str):
   """`path`.partial, opened empty for writing and locked (flock) while open:
   output streamed there stays inspectable if the run dies, and `path` itself
@@ -112,8 +119,13 @@ def commit_partial(out, path: str) -> None:
 
 def close_partial(out, path: str) -> None:
   """Closes the open_partial file `out` of `path`; one a failed run wrote
-  nothing into is removed first, still locked (what a run wrote stays)."""
+  nothing into is removed first, still locked (what a run wrote stays), unless
+  it was renamed already and the name is another run's."""
   partial = path + PARTIAL_SUFFIX
-  if out.tell() == 0 and os.path.exists(partial):
+  try:
+    ours = os.path.samestat(os.fstat(out.fileno()), os.stat(partial))
+  except FileNotFoundError:
+    ours = False
+  if out.tell() == 0 and ours:
     os.remove(partial)
   out.close()

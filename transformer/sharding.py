@@ -92,9 +92,13 @@ def device_grid(devices, data: int, model: int, spec: str = DEFAULT_MESH) -> np.
   if local % model:
     raise ValueError(f"config.train.mesh={spec!r}: the model axis must fit in one "
                      f"host ({local} devices each)")
-  return mesh_utils.create_hybrid_device_mesh(
-      (data // len(hosts), model), (len(hosts), 1), devices, process_is_granule=True,
-      allow_split_physical_axes=True)
+  try:
+    return mesh_utils.create_hybrid_device_mesh(
+        (data // len(hosts), model), (len(hosts), 1), devices, process_is_granule=True,
+        allow_split_physical_axes=True)
+  except (ValueError, AssertionError, NotImplementedError) as e:  # A topology it cannot lay out.
+    raise ValueError(f"config.train.mesh={spec!r}: JAX cannot lay out [{data}, {model}] over "
+                     f"this job's devices: {e}") from e
 
 
 def mesh_for_reading(spec: str) -> Mesh:

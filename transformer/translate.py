@@ -178,8 +178,10 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   outputs, count, first = [], 0, None
   overlong = Overlong(source_limit(config))
   out = None  # Every process holds every output; the first writes them.
+  partial = output_path != "-" and files.writes_through_partial(output_path)
   if jax.process_index() == 0:  # A file is written as OUTPUT.partial until complete.
-    out = sys.stdout if output_path == "-" else files.open_partial(output_path)
+    out = (sys.stdout if output_path == "-" else files.open_partial(output_path) if partial
+           else open(output_path, "w", encoding="utf-8"))  # pylint: disable=consider-using-with
   try:
     for index in itertools.count():
       chunk = list(itertools.islice(lines, chunk_lines))
@@ -196,11 +198,13 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
       count += len(chunk)
       if collect:
         outputs += texts
-    if out not in (None, sys.stdout):
+    if out is not None and partial:
       files.commit_partial(out, output_path)
   finally:
-    if out not in (None, sys.stdout):
+    if out is not None and partial:
       files.close_partial(out, output_path)
+    elif out not in (None, sys.stdout):
+      out.close()
   if overlong.count and jax.process_index() == 0:
     print(overlong.summary(count), file=sys.stderr)
   if plot_attention:

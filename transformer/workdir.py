@@ -74,7 +74,7 @@ def check_resume_config(workdir: str, config) -> None:
   vocabulary they were trained with stop it too."""
   vocabulary = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
   checkpoint_dir = os.path.join(workdir, CHECKPOINT_DIRS["latest"])
-  has_checkpoints = os.path.isdir(checkpoint_dir) and bool(os.listdir(checkpoint_dir))
+  has_checkpoints = bool(checkpoints.complete_steps(checkpoint_dir))
   has_vocabulary = os.path.isfile(vocabulary)
   if has_checkpoints and not os.path.exists(os.path.join(workdir, "config.json")):
     raise ConfigMismatchError(

@@ -32,7 +32,12 @@ def _lines(path):
   try:
     with opener(path, 'rb') as f:
       for n, raw in enumerate(f, start=1):
-        yield n, raw.rstrip(b'\r\n')
+        line = raw.rstrip(b'\r\n')
+        if b'\r' in line and not raw.endswith(b'\n'):
+          # CR line ends (old Mac): the whole file would read as one sentence.
+          raise ValueError(f'{path}:{n}: lines end in a carriage return (CR) alone; they '
+                           'must end in LF or CRLF')
+        yield n, line
   except (OSError, EOFError, zlib.error) as e:  # Corrupt or truncated gzip stream.
     raise ValueError(f'{path}: cannot read after line {n}: {e}') from e
 
@@ -43,9 +48,6 @@ def _decode(path, n, raw):
   except UnicodeDecodeError as e:
     raise ValueError(f'{path}:{n}: line is not valid UTF-8 ({e.reason} at byte '
                      f'{e.start})') from e
-  if '\r' in text:  # Old Mac line ends: the whole file would read as one sentence.
-    raise ValueError(f'{path}:{n}: line holds a carriage return (CR): lines must end in LF '
-                     'or CRLF')
   if n == 1:
     text = text.lstrip('\ufeff')  # Byte-order mark some editors write.
   text = text.strip()
