@@ -185,7 +185,7 @@ def test_axes_this_mesh_cannot_use_and_an_empty_eval_split_stop_before_training(
                      r"\(8, of \d+ devices\) must divide model.num_heads=2"):
     training._check_model_axis(config, on_8)  # pylint: disable=protected-access
   with pytest.raises(ValueError, match=r"eval split .* has no examples \(config.data.eval_split\)"):
-    training._check_eval_batches(config, [])  # pylint: disable=protected-access
+    training._check_eval_split(config, [])  # pylint: disable=protected-access
 
 
 def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(

@@ -212,7 +212,6 @@ class _Progress:
 _FINITE_METRICS = ("loss", "grad_norm", "update_norm", "param_norm")
 
 
-
 def _check_finite(step, metrics_list, checkpointer):
   for i, m in enumerate(metrics_list):
     bad = [k for k in _FINITE_METRICS if not np.isfinite(m[k])]
@@ -234,7 +233,7 @@ def _check_model_axis(config, mesh) -> None:
   check_model_axis(config, mesh.shape[sharding.MODEL_AXIS], f", of {jax.device_count()} devices")
 
 
-def _check_eval_batches(config, eval_examples) -> None:
+def _check_eval_split(config, eval_examples) -> None:
   """Stops the run now, naming the field, where evaluation during training would
   fail later (after a run's worth of steps): an empty eval split. (Any budget
   serves evaluation and decoding: data.eval_batches gives a batch too wide for
@@ -288,7 +287,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
   _check_model_axis(config, mesh)
   data = load_data(config, workdir, mesh)
-  _check_eval_batches(config, data.eval_examples)
+  _check_eval_split(config, data.eval_examples)
   if jax.process_index() == 0:
     save_config(config, workdir)
   logging.info("Data: %s", json.dumps(data.stats))
