@@ -25,8 +25,7 @@ from transformer.config import model_config
 from transformer.state import make_model
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir, instead of --config: "
-                               "its config and trained vocabulary.")
+
 
 
 def parameter_shapes(cfg):
@@ -61,12 +60,13 @@ def format_table(rows) -> str:
 def main(argv):
   del argv
   with runtime.one_line_errors("summary"):  # A bad model field: one line naming it.
-    if (_CONFIG.value is None) == (_WORKDIR.value is None):
+    workdir = flags.FLAGS.workdir
+    if (_CONFIG.value is None) == (workdir is None):
       raise ValueError("give --config or --workdir (one of them)")
-    if _WORKDIR.value:
-      config = workdir_lib.load_config(_WORKDIR.value)
-      vocab_size = workdir_lib.load_tokenizer(_WORKDIR.value, config).vocab_size
-      print(f"Embeddings at the trained vocabulary of {_WORKDIR.value}: {vocab_size} ids")
+    if workdir:
+      config = workdir_lib.load_config(workdir)
+      vocab_size = workdir_lib.load_tokenizer(workdir, config).vocab_size
+      print(f"Embeddings at the trained vocabulary of {workdir}: {vocab_size} ids")
     else:
       config, vocab_size = _CONFIG.value, 0
       print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
@@ -75,4 +75,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Defined here, not at import: other commands that import this module have a
+  # --workdir of their own.
+  flags.DEFINE_string("workdir", None, "A training workdir, instead of --config: its config "
+                      "and trained vocabulary.")
   app.run(main, flags_parser=lambda argv: runtime.parse_flags(argv, "summary"))
