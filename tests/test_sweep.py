@@ -397,6 +397,36 @@ def test_a_damaged_status_or_evaluation_file_is_named_and_left_blank(tmp_path, c
   assert f"Skipping {variant_dir}/eval_9.json: a list, not a JSON object" in caplog.text
 
 
+def test_evaluations_of_a_replaced_best_or_without_metrics_are_left_blank(tmp_path):
+  """An evaluation of `best` when it was step 300, now that the kept best is
+  600, is stale and left out, as one of `latest` at an older step is; an
+  evaluation without metrics (an older format) leaves its figure blank instead
+  of stopping the table."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=600"])
+  variant_dir = str(tmp_path / "runs" / "base")
+  fake_workdir(variant_dir, sweep.variants[0].config, checkpoints=[600], evaluations=[
+      {"split": "val", "mode": "greedy", "step": 300, "checkpoint": "best",
+       "metrics": {"bleu": 11.0}},
+      {"split": "test_2016_flickr", "mode": "greedy", "step": 600, "checkpoint": "best"}])
+  os.makedirs(os.path.join(variant_dir, "checkpoints_best", "600"))
+  row = results.variant_row(sweep.variants[0], variant_dir, checkpoint="best")
+  assert row.get("dev_bleu_greedy") is None and row.get("test_bleu_greedy") is None
+  os.rename(os.path.join(variant_dir, "checkpoints_best", "600"),
+            os.path.join(variant_dir, "checkpoints_best", "300"))
+  assert results.variant_row(sweep.variants[0], variant_dir,
+                             checkpoint="best")["dev_bleu_greedy"] == 11.0
+
+
+def test_a_variant_named_like_a_table_file_is_refused(tmp_path):
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('results.md', {{'model.dropout': 0.2}})]\n")
+  with pytest.raises(ValueError, match=r"variant name 'results.md' is the name of a table "
+                     "file --collect writes"):
+    sweep_lib.resolve(path)
+
+
 def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return [\n"
                      "    ('A-h1', {{'model.num_heads': 1}}),\n"

@@ -100,12 +100,17 @@ def last_scalars(variant_dir: str, tags) -> dict:
   return values
 
 
+TABLE_FILES = ("results.md", "results.csv")  # Beside the variants' workdirs.
+
+
 def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
                steps: Optional[int]) -> Optional[dict]:
   """The newest evaluate JSON of the whole `split` with `mode` for `checkpoint`
   (at config.decode's output length limit; beam at its beam size and alpha); a
   'latest' one made before the last step is stale and ignored."""
   found = []
+  kept = set(checkpoints.complete_steps(
+      os.path.join(variant_dir, workdir_lib.CHECKPOINT_DIRS.get(checkpoint, ""))))
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
     result = _read_json(path)
     if result is None:
@@ -120,6 +125,8 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
       continue
     if checkpoint == "latest" and steps is not None and result.get("step") != steps:
       continue
+    if checkpoint in ("best", "averaged") and result.get("step") not in kept:
+      continue  # Of a best or average that a later one has replaced.
     found.append((os.path.getmtime(path), path, result))
   return max(found)[2] if found else None
 
@@ -156,7 +163,7 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
     for mode in ("greedy", "beam"):
       result = evaluation(variant_dir, config, split, mode, checkpoint, steps)
       if result:
-        row[f"{name}_{metric}_{mode}"] = result["metrics"].get(metric)
+        row[f"{name}_{metric}_{mode}"] = (result.get("metrics") or {}).get(metric)
         if name == "dev" and result.get("perplexity") is not None:
           row["dev_perplexity"] = result["perplexity"]
   if row.get("dev_perplexity") is None and checkpoint == "latest":
@@ -234,6 +241,6 @@ def collect(sweep, workdir: str, checkpoint: str = "latest"):
            "A blank is a figure the workdir does not hold."]
   markdown = to_markdown(rows, metric, f"{sweep.path} on {sweep.base}",
                          [n for n in notes if n])
-  files.write_atomic(os.path.join(workdir, "results.md"), markdown)
-  files.write_atomic(os.path.join(workdir, "results.csv"), to_csv(rows, metric))
+  files.write_atomic(os.path.join(workdir, TABLE_FILES[0]), markdown)
+  files.write_atomic(os.path.join(workdir, TABLE_FILES[1]), to_csv(rows, metric))
   return markdown

@@ -164,9 +164,11 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   sweep = Sweep(path, base, sets, [])
   names = set()
   for name, overrides in entries:
-    if not _NAME.fullmatch(name) or name in names:
-      raise ValueError(f"{path}: variant name {name!r} is "
-                       f"{'taken' if name in names else 'not a plain directory name'}")
+    why = ("taken" if name in names else "the name of a table file --collect writes"
+           if name in results.TABLE_FILES else None if _NAME.fullmatch(name)
+           else "not a plain directory name")
+    if why:
+      raise ValueError(f"{path}: variant name {name!r} is {why}")
     names.add(name)
     variant = Variant(name, [f"{k}={v}" for k, v in overrides.items()])  # True -> "True".
     try:
