@@ -419,6 +419,21 @@ def test_evaluations_of_a_replaced_best_or_without_metrics_are_left_blank(tmp_pa
                              checkpoint="best")["dev_bleu_greedy"] == 11.0
 
 
+def test_a_variant_continued_outside_the_sweep_shows_its_newest_step(tmp_path):
+  """The sweep finished the variant at 300 steps; its emitted command (which
+  writes no status) continued it to 600, and evaluate ran there: the row shows
+  step 600 and its evaluation, not the status's 300 beside none."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
+  variant_dir = str(tmp_path / "runs" / "base")
+  fake_workdir(variant_dir, sweep.variants[0].config,
+               {"status": "finished", "steps": 300}, checkpoints=[300, 600], evaluations=[
+                   {"split": "val", "mode": "greedy", "step": 600, "metrics": {"bleu": 12.5}}])
+  row = results.variant_row(sweep.variants[0], variant_dir)
+  assert (row["steps"], row["dev_bleu_greedy"]) == (600, 12.5)
+
+
 def test_a_variant_named_like_a_table_file_is_refused(tmp_path):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
                      "  return [('results.md', {{'model.dropout': 0.2}})]\n")

@@ -142,7 +142,9 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
   if not os.path.isdir(variant_dir):
     return {**row, "status": "not run"}
   status = read_status(variant_dir) or {}
-  steps = status.get("steps") or latest_step(variant_dir)
+  # The checkpoints first: a variant continued outside the sweep (its emitted
+  # command writes no status) has trained past the status's steps.
+  steps = latest_step(variant_dir) or status.get("steps")
   row.update(status=status.get("status"), error=status.get("error"), steps=steps,
              wall_seconds=status.get("wall_seconds"))
   trained = status.get("overrides")
