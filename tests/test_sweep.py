@@ -289,6 +289,22 @@ def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_pat
       "base": "finished", "ls0": "stale"}
 
 
+def test_a_variant_trained_without_a_status_is_checked_against_its_config(tmp_path):
+  """A variant trained by its emitted command (no status file) or whose status
+  is damaged: its config.json says what its checkpoints were trained with, so a
+  rerun under other settings reports it stale instead of continuing it."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
+  workdir = str(tmp_path / "runs")
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
+  fake_workdir(os.path.join(workdir, "base"), sweep.variants[0].config, checkpoints=[5])
+  other = sweep_lib.resolve(path, sets=["train.num_steps=5", "optim.learning_rate_scale=0.5"])
+  trainer = FakeTrainer()
+  assert sweep_lib.run_local(other, workdir, trainer) == {"base": "stale"}
+  assert trainer.calls == []
+  longer = sweep_lib.resolve(path, sets=["train.num_steps=9"])  # Continuable: it runs.
+  assert sweep_lib.run_local(longer, workdir, trainer) == {"base": "finished"}
+
+
 def test_the_wall_time_of_earlier_attempts_survives_a_killed_one(tmp_path, monkeypatch):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
   sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])

@@ -257,13 +257,16 @@ CONTINUABLE = ("train.num_steps", "train.log_every", "train.eval_every",
                "decode.tokens_per_batch", "decode.concurrent_batches", "decode.compact")
 
 
-def recipe_changes(previous: dict, recipe: dict) -> list:
+def recipe_changes(previous: dict, recipe: dict, variant_dir: Optional[str] = None) -> list:
   """The changes from a variant's recorded recipe ({'base', 'overrides'}) to
   `recipe` that its checkpoints cannot continue under, as 'field: old -> new',
   compared on the configs they resolve to (a value spelt otherwise, or given
-  where it is the base's own, is no change)."""
+  where it is the base's own, is no change). Without a recorded recipe (trained
+  by its emitted command, or a damaged status), `variant_dir`'s config.json is
+  what it was trained with."""
   try:
-    old = load_config(previous.get("base"), previous.get("overrides") or [])
+    old = (load_config(previous.get("base"), previous.get("overrides") or []) if previous
+           else workdir_lib.load_config(variant_dir))
   except Exception as e:  # pylint: disable=broad-except
     return [f"the recorded settings no longer load ({e})"]
   new = load_config(recipe["base"], recipe["overrides"])
@@ -289,7 +292,8 @@ def run_local(sweep: Sweep, workdir: str,
       logging.info("%s: finished before, skipped.", variant.name)
       done[variant.name] = "skipped"
       continue
-    changes = recipe_changes(previous, recipe) if previous else []
+    trained = previous or os.path.exists(os.path.join(variant_dir, "config.json"))
+    changes = recipe_changes(previous, recipe, variant_dir) if trained else []
     if changes and results.latest_step(variant_dir) is not None:
       logging.error("%s: not run: its checkpoints were trained with other settings (%s); "
                     "use another --workdir, or remove %s to train it again.",
