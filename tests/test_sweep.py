@@ -305,6 +305,26 @@ def test_a_variant_trained_without_a_status_is_checked_against_its_config(tmp_pa
   assert sweep_lib.run_local(longer, workdir, trainer) == {"base": "finished"}
 
 
+def test_a_variant_another_process_trains_is_left_to_it(tmp_path):
+  """Two sweeps on one workdir: while one's training holds a variant's lock, the
+  other reports it busy and leaves its status alone (it took the live 'running'
+  status for an interrupted run, launched, failed on the lock and wrote
+  'failed' over it)."""
+  from transformer import lock  # pylint: disable=g-import-not-at-top
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
+  workdir = str(tmp_path / "runs")
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
+  variant_dir = os.path.join(workdir, "base")
+  os.makedirs(variant_dir)
+  results.write_status(variant_dir, {"status": "running", "attempts": 1})
+  trainer = FakeTrainer()
+  with lock.hold(variant_dir, "train"):
+    assert sweep_lib.run_local(sweep, workdir, trainer) == {"base": "busy"}
+  assert trainer.calls == [] and results.read_status(variant_dir) == {
+      "status": "running", "attempts": 1}
+  assert sweep_lib.run_local(sweep, workdir, trainer) == {"base": "finished"}
+
+
 def test_the_wall_time_of_earlier_attempts_survives_a_killed_one(tmp_path, monkeypatch):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
   sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])

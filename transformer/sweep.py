@@ -61,7 +61,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from transformer import results
+from transformer import lock, results
 from transformer import workdir as workdir_lib
 from transformer.config import check_config, resume_changes, unread_model_field
 
@@ -280,11 +280,19 @@ def recipe_changes(previous: dict, recipe: dict, variant_dir: Optional[str] = No
 def run_local(sweep: Sweep, workdir: str,
               train: Callable[[list, str], None] = train_subprocess) -> dict:
   """Trains the valid variants one after another; returns {name: status}
-  ('finished', 'failed', 'skipped', or 'stale': checkpoints of another recipe)."""
+  ('finished', 'failed', 'skipped', 'stale': checkpoints of another recipe, or
+  'busy': another process, another sweep's training say, holds its workdir)."""
   done = {}
   for variant in sweep.valid:
     variant_dir = os.path.join(workdir, variant.name)
     os.makedirs(variant_dir, exist_ok=True)
+    try:  # A variant another process trains (another sweep's) is left to it.
+      with lock.hold(variant_dir, "sweep"):
+        pass
+    except lock.WorkdirBusyError as e:
+      logging.warning("%s: not run: %s", variant.name, e)
+      done[variant.name] = "busy"
+      continue
     recipe = {"base": sweep.base, "overrides": sweep.overrides(variant)}
     previous = results.read_status(variant_dir) or {}
     if previous.get("status") == "finished" and all(previous.get(k) == v
