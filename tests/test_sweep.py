@@ -196,6 +196,16 @@ def test_command_only_names_a_missing_variant_in_one_line(tmp_path):
       "sweep: error: --only: no variant 'h5' in "), out.stderr[-2000:]
 
 
+def test_only_invalid_variants_is_an_error_not_an_empty_run(tmp_path):
+  """--only naming invalid variants alone ran nothing and exited 0 (and an
+  emitted job array read --array=0--1); with a valid one beside them it runs."""
+  sweep = sweep_lib.resolve(write_sweep(tmp_path))
+  with pytest.raises(ValueError, match=r"^--only: nothing to run: typo is invalid \(config"
+                     r".*; bad-value is invalid \(config"):
+    sweep_lib.select(sweep, ["typo", "bad-value"])
+  assert [v.name for v in sweep_lib.select(sweep, ["typo", "pre"]).valid] == ["pre"]
+
+
 # ----------------------------------------------------------------------------
 # Running: skip finished, rerun interrupted or failed, go on after a failure.
 

@@ -192,7 +192,11 @@ def select(sweep: Sweep, names) -> Sweep:
   if unknown:
     raise ValueError(f"--only: no variant {', '.join(map(repr, unknown))} in {sweep.path} "
                      f"(its variants: {', '.join(known)})")
-  return dataclasses.replace(sweep, variants=[v for v in sweep.variants if v.name in names])
+  chosen = [v for v in sweep.variants if v.name in names]
+  if all(v.error for v in chosen):  # Nothing would run (and a job array would be empty).
+    raise ValueError("--only: nothing to run: " + "; ".join(
+        f"{v.name} is invalid ({v.error})" for v in chosen))
+  return dataclasses.replace(sweep, variants=chosen)
 
 
 def train_argv(sweep: Sweep, variant: Variant, workdir: str) -> list:
