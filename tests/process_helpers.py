@@ -111,13 +111,7 @@ def restore_final(workdir, step=None):
   _, _, abstract, shardings, _ = state_lib.build(get_config(), vocab, mesh)
   state, data_state, step = checkpoints.Checkpointer(
       os.path.join(workdir, "checkpoints"), read_only=True).restore(abstract, shardings, step)
-  return state, position(data_state), step
-
-
-def position(data_state):
-  """A checkpoint's data position: its data state without a stop's marks."""
-  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
-  return {k: v for k, v in data_state.items() if k not in (checkpoints.STOPPED, checkpoints.OWED)}
+  return state, checkpoints.stop_marks(data_state)[0], step
 
 
 def assert_same_state(a, b):

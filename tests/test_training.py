@@ -43,7 +43,7 @@ def restore_params(workdir, config, step=None):
   _, _, abstract, shardings, _ = state_lib.build(config, vocab, mesh)
   state, data_state, restored_step = checkpoints.Checkpointer(
       os.path.join(workdir, "checkpoints"), read_only=True).restore(abstract, shardings, step)
-  return state, process_helpers.position(data_state), restored_step
+  return state, checkpoints.stop_marks(data_state)[0], restored_step
 
 
 def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplog,

@@ -96,18 +96,16 @@ def _average(workdir, last, mesh):
     raise ValueError(f"asked to average the last {last} checkpoints, but {source.directory} has "
                      f"{len(steps)} (steps {steps})")
   chosen = steps[-last:]
-  newest = {}
-
-  stops = []
+  newest, stops = {}, []
 
   def restored_params():
     for step in chosen:
       state, data_state, _ = source.restore(opened.built.abstract, opened.built.shardings,
                                             step)
-      if data_state.pop(checkpoints.STOPPED, False):
+      position, stopped, _ = checkpoints.stop_marks(data_state)
+      if stopped:
         stops.append(step)
-      data_state.pop(checkpoints.OWED, None)
-      newest.update(state=state, data_state=data_state)
+      newest.update(state=state, data_state=position)
       yield state.params
 
   params = mean_params(restored_params())

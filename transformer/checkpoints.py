@@ -61,6 +61,13 @@ _METRICS = ocp.checkpoint_manager.METRIC_ITEM_NAME  # The item (and file) of a s
 STOPPED, OWED = "stopped", "owed"
 
 
+def stop_marks(data_state: dict):
+  """(the data position alone, whether a stop saved it, what that stop skipped)
+  of a checkpoint's data state."""
+  position = {k: v for k, v in data_state.items() if k not in (STOPPED, OWED)}
+  return position, bool(data_state.get(STOPPED)), list(data_state.get(OWED, []))
+
+
 class CheckpointSaveError(runtime.CommandError):
   """A checkpoint could not be written; the older ones are intact."""
 

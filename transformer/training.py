@@ -319,11 +319,10 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       state = state_lib.init_state(model, tx, config, shardings)
     else:
       state, data_state, step = restored
-      owed = data_state.pop(checkpoints.OWED, [])
-      data_state.pop(checkpoints.STOPPED, None)
+      position, _, owed = checkpoints.stop_marks(data_state)
       if not config.train.decode_every and "decode" in owed:
         owed.remove("decode")  # Decoding is off in this run.
-      data.train_batches.set_state(data_state)  # Checks the batches are the saved ones.
+      data.train_batches.set_state(position)  # Checks the batches are the saved ones.
       logging.info("Resumed from step %d%s.", step,
                    f"; running its {' and '.join(owed)} that the stop skipped" if owed else "")
     start = int(state.step)
