@@ -46,6 +46,7 @@ ARCHITECTURE_ONLY_FIELDS = {
     "rnn": ("rnn_cell", "rnn_attention", "rnn_input_feeding"),
 }
 RNN_CELLS = ("gru", "lstm")
+RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
 
 
 def unread_model_field(model, name: str) -> Optional[str]:
@@ -60,8 +61,6 @@ def unread_model_field(model, name: str) -> Optional[str]:
       and model.get("rnn_attention") == "bahdanau"):
     return "has no effect with model.rnn_attention='bahdanau' (only Luong's attentions read it)"
   return None
-
-RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
 
 
 def resolve_dtype(dtype: str, backend: str = "") -> str:

@@ -107,10 +107,12 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
                steps: Optional[int]) -> Optional[dict]:
   """The newest evaluate JSON of the whole `split` with `mode` for `checkpoint`
   (at config.decode's output length limit; beam at its beam size and alpha); a
-  'latest' one made before the last step is stale and ignored."""
+  'latest' one made before the last step, or one of a 'best' or 'averaged'
+  checkpoint since replaced, is stale and ignored."""
   found = []
+  replaceable = checkpoint in ("best", "averaged")
   kept = set(checkpoints.complete_steps(
-      os.path.join(variant_dir, workdir_lib.CHECKPOINT_DIRS.get(checkpoint, ""))))
+      os.path.join(variant_dir, workdir_lib.CHECKPOINT_DIRS[checkpoint]))) if replaceable else ()
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
     result = _read_json(path)
     if result is None:
@@ -125,7 +127,7 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
       continue
     if checkpoint == "latest" and steps is not None and result.get("step") != steps:
       continue
-    if checkpoint in ("best", "averaged") and result.get("step") not in kept:
+    if replaceable and result.get("step") not in kept:
       continue  # Of a best or average that a later one has replaced.
     found.append((os.path.getmtime(path), path, result))
   return max(found)[2] if found else None

@@ -27,7 +27,6 @@ from transformer.state import make_model
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 
 
-
 def parameter_shapes(cfg):
   """The model's parameter tree as ShapeDtypeStructs."""
   ids = jnp.ones((1, 4), jnp.int32)

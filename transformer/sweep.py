@@ -419,7 +419,8 @@ def main(argv):
                             f.checkpoint), end="")
     except (OSError, ValueError) as e:
       sys.exit(f"sweep: error: {e}")
-    print(f"wrote {os.path.join(workdir, 'results.md')} and results.csv", file=sys.stderr)
+    print(f"wrote {' and '.join(os.path.join(workdir, n) for n in results.TABLE_FILES)}",
+          file=sys.stderr)
   else:
     done = run_local(sweep, workdir)
     print("\n".join(f"{name}: {status}" for name, status in done.items()))

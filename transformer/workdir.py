@@ -76,7 +76,8 @@ def check_resume_config(workdir: str, config) -> None:
   checkpoint_dir = os.path.join(workdir, CHECKPOINT_DIRS["latest"])
   has_checkpoints = bool(checkpoints.complete_steps(checkpoint_dir))
   has_vocabulary = os.path.isfile(vocabulary)
-  if has_checkpoints and not os.path.exists(os.path.join(workdir, "config.json")):
+  has_config = os.path.exists(os.path.join(workdir, "config.json"))
+  if has_checkpoints and not has_config:
     raise ConfigMismatchError(
         f"workdir {workdir} holds checkpoints but no config.json, the config they were "
         "trained with: put it back, or use a new --workdir")
@@ -85,8 +86,7 @@ def check_resume_config(workdir: str, config) -> None:
         f"workdir {workdir} holds checkpoints but not the vocabulary they were trained with "
         f"({vocabulary}): put it back, or use a new --workdir (a new one would give other "
         "ids to the pieces)")
-  if not (has_checkpoints or has_vocabulary) or not os.path.exists(
-      os.path.join(workdir, "config.json")):
+  if not (has_checkpoints or has_vocabulary) or not has_config:
     return
   saved = load_config(workdir).to_dict()
   fixed, free = config_lib.resume_changes(
@@ -104,7 +104,7 @@ def check_resume_config(workdir: str, config) -> None:
                  "; ".join(f"{f} {o!r} -> {n!r}" for f, o, n in free))
   measure = [f for f, _, _ in free if f in SCORE_FIELDS]
   best = os.path.join(workdir, CHECKPOINT_DIRS["best"])
-  if measure and os.path.isdir(best) and checkpoints.complete_steps(best):
+  if measure and checkpoints.complete_steps(best):
     logging.warning("Resuming %s with other decoding settings (%s): the kept best "
                     "checkpoint was scored with the old ones, and new scores are compared "
                     "with it as they stand.", workdir, ", ".join(measure))

@@ -87,9 +87,9 @@ def _rows_for(length, tokens_per_batch, batch_multiple, at_least_one_each=False)
   budget. Under one row a device, an error; or with at_least_one_each (batches
   that only evaluate), batch_multiple rows over the budget, the fewest there can be."""
   rows = (tokens_per_batch // length) // batch_multiple * batch_multiple
-  if rows < batch_multiple and at_least_one_each:
-    return batch_multiple
   if rows < batch_multiple:
+    if at_least_one_each:
+      return batch_multiple
     raise ValueError(f'tokens_per_batch={tokens_per_batch} is too small: a batch of padded '
                      f'length {length} needs at least batch_multiple={batch_multiple} rows, '
                      f'i.e. tokens_per_batch >= {length * batch_multiple}')
