@@ -11,8 +11,8 @@ import pytest
 
 from transformer import search
 
-V, H, T_MAX = 5, 97, 8          # toy vocab, hash buckets, max steps
-PAD, EOS, BOS = 0, 1, 2
+V, H, T_MAX = 6, 97, 8          # toy vocab, hash buckets, max steps
+PAD, EOS, BOS = 0, 1, 5          # tokens 2, 3, 4 between
 
 
 def make_toy(seed, eos_rows=None):
@@ -22,7 +22,7 @@ def make_toy(seed, eos_rows=None):
   counter 'i' is shared and would fail if gathered."""
   r = np.random.RandomState(seed)
   table_TxHxV = (2.0 * r.randn(T_MAX, H, V)).astype(np.float32)
-  table_TxHxV[..., PAD] = -np.inf   # the toy never emits PAD
+  table_TxHxV[..., [PAD, BOS]] = -np.inf   # as no search emits them (search.allowed)
   if eos_rows is not None:       # EOS only at the given steps, then as argmax
     table_TxHxV[..., EOS] = -np.inf
     for t in eos_rows:
@@ -66,7 +66,7 @@ def enumerate_scores(np_logp, item, max_len, alpha):
   """All finished sequences (n-1 non-EOS tokens then EOS, n <= max_len), best first."""
   out = []
   for n in range(1, max_len + 1):
-    for prefix in itertools.product(range(2, V), repeat=n - 1):
+    for prefix in itertools.product(range(EOS + 1, BOS), repeat=n - 1):
       seq = list(prefix) + [EOS]
       out.append((np_logp(item, seq) / lp(n, alpha), seq))
   return sorted(out, key=lambda x: -x[0])
@@ -185,7 +185,9 @@ def test_sample_low_temperature_and_top1_equal_greedy():
 
 
 def test_sample_distribution_and_top_k():
-  logits_V = jnp.array([-1e9, 0.5, 1.0, 0.0, -0.5], jnp.float32)
+  """Samples follow softmax(logits / temperature) over the tokens a search may
+  emit: PAD and BOS, though their logits are the largest, are never drawn."""
+  logits_V = jnp.array([3.0, 0.5, 1.0, 0.0, -0.5, 3.0], jnp.float32)
 
   def logits_fn(ids_Nx1, cache, step):
     return jnp.broadcast_to(logits_V, (ids_Nx1.shape[0], V)), cache
@@ -194,7 +196,8 @@ def test_sample_distribution_and_top_k():
   kw = dict(batch_size=n, max_len=1, bos_id=BOS, eos_id=EOS)
   ids = np.asarray(search.sample(logits_fn, {}, jax.random.key(1), temperature=2.0, **kw))
   freq_V = np.bincount(ids[:, 0], minlength=V) / n
-  np.testing.assert_allclose(freq_V, jax.nn.softmax(logits_V / 2.0), atol=0.03)
+  want_V = jax.nn.softmax(logits_V.at[jnp.array([PAD, BOS])].set(-jnp.inf) / 2.0)
+  np.testing.assert_allclose(freq_V, want_V, atol=0.03)
   ids = np.asarray(search.sample(logits_fn, {}, jax.random.key(1), top_k=2, **kw))
   assert set(np.unique(ids)) == {1, 2}
 
@@ -204,7 +207,7 @@ def test_top_k_keeps_exactly_k_tokens_on_ties_and_a_tiny_temperature_is_greedy()
   all kept: top_k=1 is greedy's choice, the lowest id of the tied maximum, and
   top_k=2 keeps two. A temperature so small that the logits over it overflow
   (1e-39) still picks the maximum, not token 0."""
-  logits_V = jnp.array([-9.0, -9.0, 2.0, 0.0, 2.0], jnp.float32)
+  logits_V = jnp.array([-9.0, -9.0, 2.0, 0.0, 2.0, -9.0], jnp.float32)
 
   def logits_fn(ids_Nx1, cache, step):
     return jnp.broadcast_to(logits_V, (ids_Nx1.shape[0], V)), cache
@@ -212,7 +215,7 @@ def test_top_k_keeps_exactly_k_tokens_on_ties_and_a_tiny_temperature_is_greedy()
   kw = dict(batch_size=2000, max_len=1, bos_id=BOS, eos_id=EOS)
   top1 = np.asarray(search.sample(logits_fn, {}, jax.random.key(2), top_k=1, **kw))
   assert set(np.unique(top1)) == {2}
-  ties = jnp.array([-9.0, 1.0, 3.0, 1.0, 1.0], jnp.float32)
+  ties = jnp.array([-9.0, 1.0, 3.0, 1.0, 1.0, -9.0], jnp.float32)
   tied_fn = lambda ids_Nx1, cache, step: (jnp.broadcast_to(ties, (ids_Nx1.shape[0], V)), cache)
   top2 = np.asarray(search.sample(tied_fn, {}, jax.random.key(2), top_k=2, **kw))
   assert set(np.unique(top2)) == {1, 2}
@@ -303,7 +306,7 @@ def test_beam_equals_search_without_early_stopping():
   for seed in range(4):
     r = np.random.RandomState(100 + seed)
     table_TxHxV = (2.0 * r.randn(L, H, V)).astype(np.float32)
-    table_TxHxV[..., PAD] = -np.inf
+    table_TxHxV[..., [PAD, BOS]] = -np.inf
     table_TxHxV[..., EOS] += r.uniform(-2.0, 2.0)  # finish early in some tables, late in others
     logp_TxHxV = np.asarray(jax.nn.log_softmax(jnp.asarray(table_TxHxV), axis=-1))
     for K in (2, 3, 4):
@@ -371,27 +374,43 @@ def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
         assert rows[0] > rows[1] > rows[2], rows
 
 
-def test_beam_never_chooses_a_nan_logit():
-  """A NaN logit counts as -inf: the rest of its row still decodes, as if the
-  token were impossible."""
+def test_no_search_chooses_pad_bos_or_a_nan_logit():
+  """PAD, BOS and a NaN logit count as -inf in every search, though here they
+  are each step's largest (NaN wins numpy's argmax): the rest of the row decodes
+  as if they were impossible, and beam scores renormalize over the others."""
   r = np.random.RandomState(4)
   table = (2.0 * r.randn(T_MAX, V)).astype(np.float32)
-  table[:, PAD] = -np.inf
-  with_nan, with_inf = table.copy(), table.copy()
-  with_nan[:, 3] = np.nan
-  with_inf[:, 3] = -np.inf
+  banned, allowed = table.copy(), table.copy()
+  banned[:, [PAD, BOS]] = 9.0
+  banned[:, 3] = np.nan
+  allowed[:, [PAD, BOS, 3]] = -np.inf
 
-  def run(table):
+  def searches(table):
     table = jnp.asarray(table)
     logits_fn = lambda ids_Nx1, cache, step: (table[cache['i']][None].repeat(ids_Nx1.shape[0], 0),
                                               {'i': cache['i'] + 1})
-    return search.beam_search(logits_fn, {'i': jnp.int32(0)}, batch_size=1, beam_size=3,
-                              alpha=0.6, max_len=T_MAX, bos_id=BOS, eos_id=EOS)
+    kw = dict(max_len=T_MAX, bos_id=BOS, eos_id=EOS)
+    cache = {'i': jnp.int32(0)}
+    return [search.beam_search(logits_fn, cache, batch_size=1, beam_size=3, alpha=0.6, **kw),
+            search.greedy_search(logits_fn, cache, batch_size=2, **kw),
+            search.sample(logits_fn, cache, jax.random.key(0), batch_size=64, **kw)]
 
-  (ids, scores), (want_ids, want_scores) = run(with_nan), run(with_inf)
-  assert np.isfinite(np.asarray(scores)).all() and 3 not in np.asarray(ids)
-  np.testing.assert_array_equal(ids, want_ids)
+  (ids, scores), greedy, sampled = searches(banned)
+  (want_ids, want_scores), want_greedy, want_sampled = searches(allowed)
+  assert np.isfinite(np.asarray(scores)).all()
+  for got, want in ((ids, want_ids), (greedy, want_greedy), (sampled, want_sampled)):
+    got = np.asarray(got)
+    np.testing.assert_array_equal(got, want)
+    assert not np.isin(got, [BOS, 3]).any()
+    for row in got.reshape(-1, T_MAX):
+      check_well_formed(row)  # PAD only after EOS
   np.testing.assert_array_equal(scores, want_scores)
+
+
+def test_allowed_keeps_bos_where_it_is_the_eos():
+  x = jnp.zeros((1, 4))
+  np.testing.assert_array_equal(search.allowed(x, bos_id=2, eos_id=3), [[-np.inf, 0, -np.inf, 0]])
+  np.testing.assert_array_equal(search.allowed(x, bos_id=2, eos_id=2), [[-np.inf, 0, 0, 0]])
 
 
 def test_beam_size_one_equals_greedy():
@@ -479,10 +498,10 @@ def test_beam_best_only_stops_once_the_best_is_final():
     del step
     i, first_N = cache['i'], cache['first']
     first_N = jnp.where(i == 1, ids_Nx1[:, 0], first_N)   # the token chosen at step 0
-    start_V = jnp.array([neg, neg, -2.0, 0.0, -1.0])
+    start_V = jnp.array([neg, neg, -2.0, 0.0, -1.0, neg])
     can_end_N = (i == 1) & (first_N == 3)
-    later_NxV = jnp.where(can_end_N[:, None], jnp.array([neg, 5.0, 0.0, 0.0, 0.0]),
-                          jnp.array([neg, neg, 0.0, 0.0, 0.0]))
+    later_NxV = jnp.where(can_end_N[:, None], jnp.array([neg, 5.0, 0.0, 0.0, 0.0, neg]),
+                          jnp.array([neg, neg, 0.0, 0.0, 0.0, neg]))
     logits_NxV = jnp.where(i == 0, start_V, later_NxV)
     return logits_NxV, {'i': i + 1, 'first': first_N}
 

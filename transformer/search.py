@@ -17,7 +17,7 @@ All three take grow=(first_len, grow_fn): the cache given holds first_len
 steps, and grow_fn(cache) extends it to L if the loop gets that far.
 
 Beam scores use the GNMT length penalty with |Y| = generated tokens including
-EOS.
+EOS. No search emits PAD or BOS, nor a token whose logit is NaN (`allowed`).
 """
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -61,6 +61,19 @@ def argmax(x_NxV: Array) -> Array:
   max_Nx1 = jnp.max(x_NxV, axis=-1, keepdims=True)
   at_max_NxV = (x_NxV == max_Nx1) | jnp.isnan(x_NxV)  # max is NaN where any value is.
   return jnp.min(jnp.where(at_max_NxV, jnp.arange(V, dtype=jnp.int32)[None, :], V), axis=-1)
+
+
+def allowed(logits_NxV: Array, bos_id: int, eos_id: int) -> Array:
+  """The logits a search chooses from: PAD, BOS and NaN logits at -inf.
+
+  PAD is the outputs' filler and BOS the decoder's first input: neither is a
+  token of a sentence, yet an undertrained model can rank them first, and then
+  lengths and the length penalty count them. A NaN (a diverged model) would win
+  an argmax. BOS stays allowed where it is also the EOS.
+  """
+  ids_1xV = jnp.arange(logits_NxV.shape[-1])[None, :]
+  banned_1xV = (ids_1xV == PAD_ID) | ((ids_1xV == bos_id) & (bos_id != eos_id))
+  return jnp.where(banned_1xV | jnp.isnan(logits_NxV), NEG_INF, logits_NxV)
 
 
 def _choose_greedy(logits_NxV: Array, step: Array) -> Array:
@@ -110,7 +123,7 @@ def _decode_loop(logits_fn: LogitsFn, cache: Any, choose_fn, *, batch_size: int,
     logits_BxV, cache = logits_fn(s.last[:, None], s.cache, t)
     done_B = done_fn(t, s.finished)
     # Done rows still flow through logits_fn (fixed shapes) but emit PAD.
-    tok_B = jnp.where(done_B, PAD_ID, choose_fn(logits_BxV, t))
+    tok_B = jnp.where(done_B, PAD_ID, choose_fn(allowed(logits_BxV, bos_id, eos_id), t))
     return LoopState(t=t + 1, last=tok_B, ids=s.ids.at[:, t].set(tok_B),
                      finished=s.finished | (~done_B & (tok_B == eos_id)), cache=cache)
 
@@ -348,8 +361,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   rule of tensor2tensor's beam search). The result is then the one of a search
   that runs every item to its max_len. With K = 1 and alpha = 0 this is greedy
   search; with alpha > 0 the single beam may run past an EOS greedy stops at.
-  A NaN logit counts as -inf (the token is never chosen).
-  With best_only, only row 0 of each item is wanted: an item also stops once
+  PAD, BOS and NaN logits count as -inf (`allowed`): they are never chosen, and
+  the log-softmax normalizes over the other tokens. With best_only, only row 0 of each item is wanted: an item also stops once
   its best finished hypothesis beats that bound, even with empty finished
   slots (row 0 is then final; the other rows may not be the K best).
   Output: finished hypotheses (ending in EOS, PAD after) sorted by score, then,
@@ -392,7 +405,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     # A NaN logit is a token never chosen, not a NaN row. The select also keeps
     # XLA's CPU backend from fusing the log-softmax's reductions into the logits
     # product, where they ran ~4x slower than apart (benchmarks/README.md).
-    logits_NxV = jnp.where(jnp.isnan(logits_NxV), NEG_INF, logits_NxV)
+    logits_NxV = allowed(logits_NxV, bos_id, eos_id)
     # 2K candidates guarantee K that do not end in EOS.
     cand_logp_Bx2K, cand_idx_Bx2K = top_log_probs(logits_NxV.reshape(B, K, V), s.live_logp, 2 * K)
     cand_parent_Bx2K = cand_idx_Bx2K // V
