@@ -64,6 +64,18 @@ def test_summary_command_prints_total_last():
       "summary: error: config.model.num_heads=7: d_model=512 must be divisible")
 
 
+def test_importing_the_library_defines_no_command_line_flags():
+  """Commands define their flags when run: a module that defines one at import
+  (summary's --config, through results) breaks every command importing it with
+  a flag of that name (train.py, with a config that imports test helpers)."""
+  ours = subprocess.run([sys.executable, "-c", "from absl import flags; import transformer.results, "
+                         "transformer.sweep, transformer.evaluate, transformer.translate, "
+                         "transformer.summary, transformer.training; print(sorted(n for n in "
+                         "flags.FLAGS if flags.FLAGS.find_module_defining_flag(n).startswith("
+                         "'transformer')))"], capture_output=True, text=True, check=True)
+  assert ours.stdout.strip() == "[]"
+
+
 def test_summary_of_a_workdir_counts_its_trained_vocabulary(tmp_path):
   """configs/default.py asks for 32 word pieces; SCAN's text has 19 words, so
   the trained vocabulary holds 23 ids and the model 925,568 parameters (the

@@ -24,9 +24,6 @@ from transformer import workdir as workdir_lib
 from transformer.config import model_config
 from transformer.state import make_model
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
-
-
 def parameter_shapes(cfg):
   """The model's parameter tree as ShapeDtypeStructs."""
   ids = jnp.ones((1, 4), jnp.int32)
@@ -60,22 +57,24 @@ def main(argv):
   del argv
   with runtime.one_line_errors("summary"):  # A bad model field: one line naming it.
     workdir = flags.FLAGS.workdir
-    if (_CONFIG.value is None) == (workdir is None):
+    config = flags.FLAGS.config
+    if (config is None) == (workdir is None):
       raise ValueError("give --config or --workdir (one of them)")
     if workdir:
       config = workdir_lib.load_config(workdir)
       vocab_size = workdir_lib.load_tokenizer(workdir, config).vocab_size
       print(f"Embeddings at the trained vocabulary of {workdir}: {vocab_size} ids")
     else:
-      config, vocab_size = _CONFIG.value, 0
+      vocab_size = 0
       print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
             "vocabulary can hold fewer: --workdir counts a trained model)")
     print(format_table(parameter_rows(parameter_shapes(model_config(config, vocab_size)))))
 
 
 if __name__ == "__main__":
-  # Defined here, not at import: other commands that import this module have a
-  # --workdir of their own.
+  # Defined here, not at import: other commands that import this module (through
+  # transformer.results) have a --config and a --workdir of their own.
+  config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
   flags.DEFINE_string("workdir", None, "A training workdir, instead of --config: its config "
                       "and trained vocabulary.")
   app.run(main, flags_parser=lambda argv: runtime.parse_flags(argv, "summary"))
