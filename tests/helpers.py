@@ -1,4 +1,8 @@
-"""Small shared fixtures for the tests: a tiny model, a tiny experiment and random token batches."""
+"""Small shared fixtures for the tests: a tiny model, a tiny experiment, random
+token batches, and the sweep files and fake workdirs of the sweep and results tests."""
+
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +11,10 @@ import numpy as np
 from configs import default
 from transformer.config import ModelConfig
 from transformer.model import Transformer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+MULTI30K = os.path.join(ROOT, "configs", "multi30k.py")
 
 TINY = dict(input_vocab_size=23, output_vocab_size=23, num_layers=2, d_model=32,
             d_ff=64, num_heads=4, dropout=0.0, max_len=32)
@@ -53,3 +61,35 @@ def tiny_experiment(data_dir, **train):
   for k, v in train.items():
     config.train[k] = v
   return config
+
+
+def write_sweep(tmp_path, text, base=DEFAULT, name="demo.py"):
+  """A sweep file from `text`, its {base} filled in; its path."""
+  path = tmp_path / name
+  path.write_text(text.format(base=base))
+  return str(path)
+
+
+def fake_workdir(variant_dir, config, status=None, scalars=(), evaluations=(),
+                 checkpoints=()):
+  """A variant's workdir as training and evaluate leave it, without training:
+  config.json, a sweep status, empty checkpoint folders, TensorBoard scalars
+  ((tag, step, value)) and evaluate JSONs."""
+  # Imported here: train.py subprocesses import this module for tiny_experiment.
+  from transformer import results, training  # pylint: disable=g-import-not-at-top
+  os.makedirs(variant_dir)
+  training.save_config(config, variant_dir)
+  if status:
+    results.write_status(variant_dir, status)
+  for step in checkpoints:
+    os.makedirs(os.path.join(variant_dir, "checkpoints", str(step)))
+  if scalars:
+    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top
+    writer = tensorboard.SummaryWriter(variant_dir)
+    for tag, step, value in scalars:
+      writer.scalar(tag, value, step)
+    writer.close()
+  for i, result in enumerate(evaluations):
+    with open(os.path.join(variant_dir, f"eval_{i}.json"), "w") as f:
+      json.dump({"checkpoint": "latest", "limit": None, "beam_size": None, "alpha": None,
+                 **result}, f)

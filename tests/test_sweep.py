@@ -1,9 +1,7 @@
-"""Tests for transformer/sweep.py and transformer/results.py: resolving variants
-(products, lists, invalid ones named), emitted commands that parse back into the
-same configs, the run/skip/resume/failure rules, and the collected table."""
+"""Tests for transformer/sweep.py: resolving variants (products, lists, invalid
+ones named), emitted commands that parse back into the same configs, and the
+run/skip/resume/failure rules (tests/test_results.py: the collected table)."""
 
-import json
-import logging
 import os
 import shlex
 import subprocess
@@ -11,12 +9,10 @@ import sys
 
 import pytest
 
-from tests import process_helpers
-from transformer import results, sweep as sweep_lib, training
+from tests import helpers, process_helpers
+from tests.helpers import DEFAULT, MULTI30K, ROOT, fake_workdir
+from transformer import config as config_lib, results, sweep as sweep_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT = os.path.join(ROOT, "configs", "default.py")
-MULTI30K = os.path.join(ROOT, "configs", "multi30k.py")
 
 SWEEP_FILE = '''
 from transformer.sweep import each, product
@@ -37,10 +33,8 @@ def get_sweep(base):
 '''
 
 
-def write_sweep(tmp_path, text=SWEEP_FILE, base=DEFAULT, name="demo.py"):
-  path = tmp_path / name
-  path.write_text(text.format(base=base))
-  return str(path)
+def write_sweep(tmp_path, text=SWEEP_FILE, **kw):
+  return helpers.write_sweep(tmp_path, text, **kw)
 
 
 def flat(config):
@@ -172,7 +166,7 @@ def test_emitted_commands_parse_back_into_the_variants(tmp_path):
     assert argv[-2:] == ["--workdir", os.path.join("runs/demo sweep", variant.name)]
     overrides = [a[len("--config."):] for a in argv[4:-2]]
     assert all(a.startswith("--config.") for a in argv[4:-2])
-    assert sweep_lib.load_config(argv[3], overrides).to_dict() == variant.config.to_dict()
+    assert config_lib.load_file(argv[3], overrides).to_dict() == variant.config.to_dict()
 
   script = sweep_lib.slurm_script(sweep, "runs/demo sweep", "demo")
   assert "#SBATCH --array=0-7\n" in script
@@ -299,6 +293,32 @@ def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_pat
       "base": "finished", "ls0": "stale"}
 
 
+def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_path):
+  """The --set in another order, the base's path spelt otherwise, or a value
+  the base has anyway resolve to the same configs: finished variants are
+  skipped, not trained again."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
+  workdir = str(tmp_path / "runs")
+  sets = ["train.num_steps=5", "train.log_every=1"]
+  assert sweep_lib.run_local(sweep_lib.resolve(path, sets=sets), workdir, FakeTrainer()) == {
+      "base": "finished", "ls0": "finished"}
+  seed = sweep_lib.resolve(path).variants[0].config.seed
+  respelt = DEFAULT.replace(os.sep + "configs" + os.sep, f"{os.sep}configs{os.sep}..{os.sep}"
+                            f"configs{os.sep}")
+  for base, again in ((None, sets[::-1]), (respelt, sets + [f"seed={seed}"])):
+    trainer = FakeTrainer()
+    assert sweep_lib.run_local(sweep_lib.resolve(path, base, again), workdir, trainer) == {
+        "base": "skipped", "ls0": "skipped"}, (base, again)
+    assert trainer.calls == []
+  assert config_lib.same_recipe({"base": DEFAULT, "overrides": ["model.dropout=.1"]},
+                                {"base": respelt, "overrides": []})
+  assert not config_lib.same_recipe({"base": DEFAULT, "overrides": ["model.dropout=0.2"]},
+                                    {"base": DEFAULT, "overrides": []})
+  assert not config_lib.same_recipe({"base": "gone.py", "overrides": []},
+                                    {"base": DEFAULT, "overrides": []})
+
+
 def test_a_variant_trained_without_a_status_is_checked_against_its_config(tmp_path):
   """A variant trained by its emitted command (no status file) or whose status
   is damaged: its config.json says what its checkpoints were trained with, so a
@@ -399,214 +419,12 @@ def test_real_sweep_of_two_tiny_variants(tmp_path, tmp_path_factory, monkeypatch
     assert "(2/2)" in f.read()  # clu's progress note at the last step.
 
 
-# ----------------------------------------------------------------------------
-# Collecting.
-
-def fake_workdir(variant_dir, config, status=None, scalars=(), evaluations=(),
-                 checkpoints=()):
-  os.makedirs(variant_dir)
-  training.save_config(config, variant_dir)
-  if status:
-    results.write_status(variant_dir, status)
-  for step in checkpoints:
-    os.makedirs(os.path.join(variant_dir, "checkpoints", str(step)))
-  if scalars:
-    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top
-    writer = tensorboard.SummaryWriter(variant_dir)
-    for tag, step, value in scalars:
-      writer.scalar(tag, value, step)
-    writer.close()
-  for i, result in enumerate(evaluations):
-    with open(os.path.join(variant_dir, f"eval_{i}.json"), "w") as f:
-      json.dump({"checkpoint": "latest", "limit": None, "beam_size": None, "alpha": None,
-                 **result}, f)
-
-
-def test_a_damaged_status_or_evaluation_file_is_named_and_left_blank(tmp_path, caplog):
-  """A truncated sweep_status.json and an eval JSON that is not an object: the
-  row keeps what the rest of the workdir holds (steps from the checkpoints, the
-  other evaluation), and a warning names each file."""
-  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
-                     base=MULTI30K)
-  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
-  variant_dir = str(tmp_path / "runs" / "base")
-  fake_workdir(variant_dir, sweep.variants[0].config, checkpoints=[100, 300], evaluations=[
-      {"split": "val", "mode": "greedy", "step": 300, "metrics": {"bleu": 21.25}}])
-  with open(os.path.join(variant_dir, results.STATUS_FILE), "w") as f:
-    f.write('{"status": "fini')
-  with open(os.path.join(variant_dir, "eval_9.json"), "w") as f:
-    f.write("[1, 2]")
-  with caplog.at_level(logging.WARNING):
-    row = results.variant_row(sweep.variants[0], variant_dir)
-  assert (row["status"], row["steps"], row["dev_bleu_greedy"]) == (None, 300, 21.25)
-  assert f"Skipping {variant_dir}/{results.STATUS_FILE}: not valid JSON" in caplog.text
-  assert f"Skipping {variant_dir}/eval_9.json: a list, not a JSON object" in caplog.text
-
-
-def test_evaluations_of_a_replaced_best_or_without_metrics_are_left_blank(tmp_path):
-  """An evaluation of `best` when it was step 300, now that the kept best is
-  600, is stale and left out, as one of `latest` at an older step is; an
-  evaluation without metrics (an older format) leaves its figure blank instead
-  of stopping the table."""
-  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
-                     base=MULTI30K)
-  sweep = sweep_lib.resolve(path, sets=["train.num_steps=600"])
-  variant_dir = str(tmp_path / "runs" / "base")
-  fake_workdir(variant_dir, sweep.variants[0].config, checkpoints=[600], evaluations=[
-      {"split": "val", "mode": "greedy", "step": 300, "checkpoint": "best",
-       "metrics": {"bleu": 11.0}},
-      {"split": "test_2016_flickr", "mode": "greedy", "step": 600, "checkpoint": "best"}])
-  os.makedirs(os.path.join(variant_dir, "checkpoints_best", "600"))
-  row = results.variant_row(sweep.variants[0], variant_dir, checkpoint="best")
-  assert row.get("dev_bleu_greedy") is None and row.get("test_bleu_greedy") is None
-  os.rename(os.path.join(variant_dir, "checkpoints_best", "600"),
-            os.path.join(variant_dir, "checkpoints_best", "300"))
-  assert results.variant_row(sweep.variants[0], variant_dir,
-                             checkpoint="best")["dev_bleu_greedy"] == 11.0
-
-
-def test_a_variant_continued_outside_the_sweep_shows_its_newest_step(tmp_path):
-  """The sweep finished the variant at 300 steps; its emitted command (which
-  writes no status) continued it to 600, and evaluate ran there: the row shows
-  step 600 and its evaluation, not the status's 300 beside none."""
-  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
-                     base=MULTI30K)
-  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
-  variant_dir = str(tmp_path / "runs" / "base")
-  fake_workdir(variant_dir, sweep.variants[0].config,
-               {"status": "finished", "steps": 300}, checkpoints=[300, 600], evaluations=[
-                   {"split": "val", "mode": "greedy", "step": 600, "metrics": {"bleu": 12.5}}])
-  row = results.variant_row(sweep.variants[0], variant_dir)
-  assert (row["steps"], row["dev_bleu_greedy"]) == (600, 12.5)
-
-
 def test_a_variant_named_like_a_table_file_is_refused(tmp_path):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
                      "  return [('results.md', {{'model.dropout': 0.2}})]\n")
   with pytest.raises(ValueError, match=r"variant name 'results.md' is the name of a table "
                      "file --collect writes"):
     sweep_lib.resolve(path)
-
-
-def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path):
-  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return [\n"
-                     "    ('A-h1', {{'model.num_heads': 1}}),\n"
-                     "    ('A-h2', {{'model.num_heads': 2}}),\n"
-                     "    ('D-ls0', {{'train.label_smoothing': 0.0}}),\n"
-                     "    ('score-bogus', {{'model.attention_scoring': 'dot'}})]\n",
-                     base=MULTI30K)
-  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
-  base, h1, h2, ls0, _ = sweep.variants
-  workdir = str(tmp_path / "runs")
-  finished = {"status": "finished", "steps": 300, "wall_seconds": 3725.5, "error": None}
-  fake_workdir(
-      os.path.join(workdir, "base"), base.config, finished,
-      scalars=[("eval/perplexity", 100, 9.5), ("eval/perplexity", 300, 4.75),
-               ("decode/bleu", 300, 20.5), ("train/loss", 300, 2.0)],
-      evaluations=[
-          {"split": "val", "mode": "greedy", "step": 300, "perplexity": 4.5,
-           "metrics": {"bleu": 21.25}},
-          {"split": "val", "mode": "beam", "beam_size": 4, "alpha": 0.6, "step": 300,
-           "perplexity": 4.5, "metrics": {"bleu": 22.0}},
-          {"split": "test_2016_flickr", "mode": "beam", "beam_size": 4, "alpha": 0.6,
-           "step": 300, "metrics": {"bleu": 23.5}},
-          # Not the table's: beam 8, another length limit, a partial split, a stale
-          # 'latest', another checkpoint.
-          {"split": "val", "mode": "beam", "beam_size": 8, "alpha": 0.6, "step": 300,
-           "metrics": {"bleu": 99.0}},
-          {"split": "test_2016_flickr", "mode": "greedy", "max_extra_len": 10, "step": 300,
-           "metrics": {"bleu": 99.0}},
-          {"split": "test_2016_flickr", "mode": "greedy", "limit": 50, "step": 300,
-           "metrics": {"bleu": 99.0}},
-          {"split": "test_2016_flickr", "mode": "greedy", "step": 200,
-           "metrics": {"bleu": 99.0}},
-          {"split": "val", "mode": "greedy", "checkpoint": "averaged", "step": 300,
-           "metrics": {"bleu": 99.0}}])
-  fake_workdir(os.path.join(workdir, "A-h1"), h1.config,
-               {"status": "failed", "steps": 100, "wall_seconds": 59.0,
-                "error": "train.py exited with status 1: FloatingPointError: nan | stop"})
-  # Trained elsewhere (an emitted command): no status, checkpoints and events only.
-  fake_workdir(os.path.join(workdir, "D-ls0"), ls0.config, checkpoints=[100, 200],
-               scalars=[("eval/perplexity", 200, 6.0)])
-  del h2  # Never run: no workdir.
-
-  markdown = results.collect(sweep, workdir)
-  base_params = "7,568,384"  # As `--list` prints for configs/multi30k.py.
-  h1_params = f"{results.count_parameters(h1.config):,}"
-  table = [line for line in markdown.splitlines() if line.startswith("|")]
-  assert table == [
-      "| variant | changes | params | steps | train time | dev PPL | dev BLEU (training) "
-      "| dev BLEU greedy | dev BLEU beam | test BLEU greedy | test BLEU beam | status |",
-      "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-      f"| base |  | {base_params} | 300 | 1:02:05 | 4.50 | 20.50 | 21.25 | 22.00 |  | 23.50 "
-      "| finished |",
-      f"| A-h1 | model.num_heads=1 | {h1_params} | 100 | 0:00:59 |  |  |  |  |  |  | failed |",
-      "| A-h2 | model.num_heads=2 |  |  |  |  |  |  |  |  |  | not run |",
-      f"| D-ls0 | train.label_smoothing=0.0 | {base_params} | 200 |  | 6.00 |  |  |  |  |  |  |",
-      "| score-bogus | model.attention_scoring=dot |  |  |  |  |  |  |  |  |  | invalid |"]
-  assert markdown.startswith(f"# {path} on {MULTI30K}\n\nOn every variant (--set): `train.num_steps=300`.")
-  assert markdown.endswith(
-      "- A-h1 (failed): train.py exited with status 1: FloatingPointError: nan | stop\n"
-      f"- score-bogus (invalid): config.model.attention_scoring: unknown field (not in "
-      f"{MULTI30K})\n")
-  with open(os.path.join(workdir, "results.md")) as f:
-    assert f.read() == markdown
-  with open(os.path.join(workdir, "results.csv")) as f:
-    csv_lines = f.read().splitlines()
-  assert csv_lines[0] == ("variant,changes,parameters,steps,wall_seconds,dev_perplexity,"
-                          "dev_bleu_training,dev_bleu_greedy,dev_bleu_beam,test_bleu_greedy,"
-                          "test_bleu_beam,status,error,note")
-  assert csv_lines[1:] == [
-      f"base,,{base_params.replace(',', '')},300,3725.5,4.5,20.5,21.25,22.0,,23.5,finished,,",
-      f"A-h1,model.num_heads=1,{h1_params.replace(',', '')},100,59.0,,,,,,,failed,"
-      "train.py exited with status 1: FloatingPointError: nan | stop,",
-      "A-h2,model.num_heads=2,,,,,,,,,,not run,,",
-      f"D-ls0,train.label_smoothing=0.0,{base_params.replace(',', '')},200,,6.0,,,,,,,,",
-      "score-bogus,model.attention_scoring=dot,,,,,,,,,,invalid,"
-      f"config.model.attention_scoring: unknown field (not in {MULTI30K}),"]
-
-
-def test_collect_labels_the_table_with_what_the_workdirs_trained(tmp_path):
-  """A collect without the run's --set still describes the run: the notes come
-  from the base's config.json and recorded overrides, and a row trained without
-  them says so."""
-  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
-                     "  return [('ls0', {{'train.label_smoothing': 0.0}}),\n"
-                     "          ('ls2', {{'train.label_smoothing': 0.2}})]\n", base=MULTI30K)
-  run = sweep_lib.resolve(path, sets=["data.eval_split=test_2016_flickr",
-                                      "train.decode_every=0"])
-  base, ls0, ls2 = run.variants
-  workdir = str(tmp_path / "runs")
-  for variant, trained in ((base, run.overrides(base)), (ls0, run.overrides(ls0)),
-                           (ls2, ls2.overrides)):  # ls2 ran without the --set.
-    fake_workdir(os.path.join(workdir, variant.name), variant.config,
-                 {"status": "finished", "steps": 300, "overrides": trained})
-  markdown = results.collect(sweep_lib.resolve(path), workdir)  # No --set.
-  assert ("On every variant (--set): `data.eval_split=test_2016_flickr "
-          "train.decode_every=0`.") in markdown
-  assert "dev = test_2016_flickr, test = test_2016_flickr;" in markdown
-  assert "(training):" not in markdown  # No decoding during training.
-  notes = [line for line in markdown.splitlines() if line.startswith("- ")]
-  assert notes == ["- ls2 (finished): trained with `train.label_smoothing=0.2`, not "
-                   "`data.eval_split=test_2016_flickr train.decode_every=0 "
-                   "train.label_smoothing=0.2` as the notes above say"]
-  with pytest.raises(FileNotFoundError, match="sweep workdir .* does not exist"):
-    results.collect(run, str(tmp_path / "none"))
-
-
-def test_collect_without_set_resolves_variants_that_scale_with_the_base_as_run(tmp_path):
-  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
-                     "  return [('h{{}}'.format(base.model.num_heads * 2),\n"
-                     "           {{'model.num_heads': base.model.num_heads * 2}})]\n")
-  run = sweep_lib.resolve(path, sets=["model.num_heads=1"])
-  assert [v.name for v in run.variants] == ["base", "h2"]
-  workdir = str(tmp_path / "runs")
-  for variant in run.variants:
-    fake_workdir(os.path.join(workdir, variant.name), variant.config,
-                 {"status": "finished", "steps": 300, "overrides": run.overrides(variant)})
-  plain = sweep_lib.resolve(path)
-  assert [v.name for v in plain.variants] == ["base", "h8"]
-  assert [v.name for v in sweep_lib.as_run(plain, workdir).variants] == ["base", "h2"]
 
 
 def test_a_set_the_bases_architecture_does_not_read_stops_the_sweep(tmp_path):

@@ -5,12 +5,17 @@ The ml_collections ConfigDict stops here (house style): the model sees only
 Every value is checked at start-up, and a bad one names its config field.
 """
 
+import contextlib
 import dataclasses
+import json
 import math
 from typing import Any, Optional
+import warnings
 
+from absl import flags
 import jax
 import jax.numpy as jnp
+from ml_collections import config_flags
 
 from transformer.sharding import DEFAULT_MESH, parse_mesh
 
@@ -318,3 +323,41 @@ def resume_changes(saved: dict, current: dict):
     else:
       free.append((field, old[field], new[field]))
   return fixed, free
+
+
+@contextlib.contextmanager
+def quiet_loading():
+  """ml_collections loads config files with importlib's deprecated load_module: one
+  warning per file loaded, hundreds in a sweep, none of them ours to fix."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
+    yield
+
+
+def load_file(base: str, overrides=()):
+  """The ConfigDict of `train.py --config base --config.<override> ...`, parsed by
+  the same ml_collections flag (a private FlagValues, so nothing global changes)."""
+  argv = ["config", f"--config={base}"] + [f"--config.{o}" for o in overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "Base config.", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  with quiet_loading():
+    flag_values(argv)
+    config = flag_values.config
+  config.to_dict()  # A file that failed to load raises only when the config is used.
+  return config
+
+
+def same_recipe(a: dict, b: dict) -> bool:
+  """Whether two recipes ({'base': config file, 'overrides': ['field=value', ...]})
+  give the same config: the overrides in another order, a value or the base's
+  path spelt otherwise, or a value the base has anyway, are the same recipe.
+  One that no longer loads is the same only as itself, written alike."""
+  if a.get("base") == b.get("base") and a.get("overrides") == b.get("overrides"):
+    return True
+  try:
+    a, b = [json.loads(load_file(r["base"], r.get("overrides") or []).to_json_best_effort())
+            for r in (a, b)]
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return a == b

@@ -26,7 +26,7 @@ import jax
 
 from transformer import checkpoints, files, metrics as metrics_lib, summary
 from transformer import workdir as workdir_lib
-from transformer.config import model_config
+from transformer.config import model_config, same_recipe
 
 STATUS_FILE = "sweep_status.json"
 _TEXT_COLUMNS = ("variant", "changes", "status")
@@ -134,10 +134,11 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
 
 
 def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
-                overrides: Optional[list] = None) -> dict:
+                recipe: Optional[dict] = None) -> dict:
   """One table row: figures of a variant (a sweep.Variant) that its workdir holds.
-  `overrides`: all of the variant's that the table's notes state; where its
-  status recorded others, the row's note names what it trained with."""
+  `recipe`: {'base', 'overrides'}, all of the variant's overrides that the
+  table's notes state; where its status recorded others (that resolve to
+  another config), the row's note names what it trained with."""
   row = {"variant": variant.name, "changes": " ".join(variant.overrides)}
   if variant.error:
     return {**row, "status": "invalid", "error": variant.error}
@@ -150,9 +151,11 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
   row.update(status=status.get("status"), error=status.get("error"), steps=steps,
              wall_seconds=status.get("wall_seconds"))
   trained = status.get("overrides")
-  if overrides is not None and trained is not None and sorted(trained) != sorted(overrides):
+  if recipe is not None and trained is not None and not same_recipe(
+      {**recipe, "overrides": trained}, recipe):
     row["note"] = (f"trained with `{' '.join(trained) or '(no overrides)'}`, not "
-                   f"`{' '.join(overrides) or '(no overrides)'}` as the notes above say")
+                   f"`{' '.join(recipe['overrides']) or '(no overrides)'}` as the notes "
+                   "above say")
   if not os.path.exists(os.path.join(variant_dir, "config.json")):
     return row
   config = workdir_lib.load_config(variant_dir)
@@ -210,9 +213,11 @@ def to_markdown(rows, metric: str, title: str, notes=()) -> str:
       "|" + "|".join("---" if c[0] in _TEXT_COLUMNS else "---:" for c in cols) + "|"]
   for row in rows:
     cells = ["" if row.get(n) is None else fmt(row[n]) for n, _, fmt in cols]
-    lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-  errors = [f"- {row['variant']} ({row['status']}): {row[key]}" for row in rows
-            for key in ("error", "note") if row.get(key)]
+    # A newline (in an override's value, say) would end the table's row.
+    lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells)
+                 + " |")
+  errors = [f"- {row['variant']} ({row['status']}): " + str(row[key]).replace("\n", "\n  ")
+            for row in rows for key in ("error", "note") if row.get(key)]
   lines += ["", *errors] if errors else []
   return "\n".join(lines) + "\n"
 
@@ -233,7 +238,8 @@ def collect(sweep, workdir: str, checkpoint: str = "latest"):
   sets = (read_status(base_dir) or {}).get("overrides", sweep.sets)
   as_run = dataclasses.replace(sweep, sets=sets)
   rows = [variant_row(v, os.path.join(workdir, v.name), checkpoint,
-                      None if v.error else as_run.overrides(v)) for v in sweep.variants]
+                      None if v.error else {"base": sweep.base, "overrides": as_run.overrides(v)})
+          for v in sweep.variants]
   metric = metrics_lib.main_metric(base.data.dataset)
   notes = [f"On every variant (--set): `{' '.join(sets)}`." if sets else None,
            f"dev = {base.data.eval_split}, test = {base.data.test_split}; checkpoint "

@@ -42,7 +42,6 @@ as it is, so that no row is labelled with settings it did not train under. A var
 and the sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
 """
 
-import contextlib
 import copy
 import dataclasses
 import itertools
@@ -53,7 +52,6 @@ import shlex
 import subprocess
 import sys
 import time
-import warnings
 from typing import Callable, Optional
 
 from absl import app
@@ -63,7 +61,8 @@ from ml_collections import config_flags
 
 from transformer import lock, results
 from transformer import workdir as workdir_lib
-from transformer.config import check_config, resume_changes, unread_model_field
+from transformer import config as config_lib
+from transformer.config import check_config, load_file, resume_changes, unread_model_field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -106,29 +105,6 @@ class Sweep:
     return [s for s in self.sets if s.partition("=")[0] not in own] + variant.overrides
 
 
-@contextlib.contextmanager
-def _loading():
-  """ml_collections loads config files with importlib's deprecated load_module: one
-  warning per file loaded, hundreds in a sweep, none of them ours to fix."""
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "the load_module", DeprecationWarning)
-    yield
-
-
-def load_config(base: str, overrides=()):
-  """The ConfigDict of `train.py --config base --config.<override> ...`, parsed by
-  the same ml_collections flag (a private FlagValues, so nothing global changes)."""
-  argv = ["sweep", f"--config={base}"] + [f"--config.{o}" for o in overrides]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "Base config.", flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)
-  with _loading():
-    flag_values(argv)
-    config = flag_values.config
-  config.to_dict()  # A file that failed to load raises only when the config is used.
-  return config
-
-
 def _unknown_field(config, field: str) -> bool:
   node = config
   for part in field.split("."):
@@ -150,14 +126,14 @@ def _check_architecture_fields(config, overrides) -> None:
 
 def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   """Loads a sweep file and resolves its variants against the base config."""
-  with _loading():
+  with config_lib.quiet_loading():
     module = config_flags.config_flags._LoadConfigModule("sweep", path)  # pylint: disable=protected-access
   base, sets = base or module.BASE, list(sets)
-  plain = load_config(base)
+  plain = load_file(base)
   for field in [s.partition("=")[0] for s in sets]:  # A bad --set stops the sweep here.
     if _unknown_field(plain, field):
       raise ValueError(f"--set config.{field}: unknown field (not in {base})")
-  base_config = load_config(base, sets)
+  base_config = load_file(base, sets)
   check_config(base_config)
   _check_architecture_fields(base_config, sets)  # A --set the base cannot use stops here.
   entries = [("base", {})] + list(module.get_sweep(copy.deepcopy(base_config)))
@@ -175,7 +151,7 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
       for field in overrides:
         if _unknown_field(base_config, field):
           raise ValueError(f"config.{field}: unknown field (not in {base})")
-      variant.config = load_config(base, sweep.overrides(variant))
+      variant.config = load_file(base, sweep.overrides(variant))
       check_config(variant.config)
       _check_architecture_fields(variant.config, sweep.overrides(variant))
     except (ValueError, TypeError, flags.Error) as e:
@@ -269,11 +245,11 @@ def recipe_changes(previous: dict, recipe: dict, variant_dir: Optional[str] = No
   by its emitted command, or a damaged status), `variant_dir`'s config.json is
   what it was trained with."""
   try:
-    old = (load_config(previous.get("base"), previous.get("overrides") or []) if previous
+    old = (load_file(previous.get("base"), previous.get("overrides") or []) if previous
            else workdir_lib.load_config(variant_dir))
   except Exception as e:  # pylint: disable=broad-except
     return [f"the recorded settings no longer load ({e})"]
-  new = load_config(recipe["base"], recipe["overrides"])
+  new = load_file(recipe["base"], recipe["overrides"])
   fixed, free = resume_changes(json.loads(old.to_json_best_effort()),
                                json.loads(new.to_json_best_effort()))
   changed = [(f, o, n) for f, o, n, _ in fixed] + free
@@ -299,8 +275,7 @@ def run_local(sweep: Sweep, workdir: str,
       continue
     recipe = {"base": sweep.base, "overrides": sweep.overrides(variant)}
     previous = results.read_status(variant_dir) or {}
-    if previous.get("status") == "finished" and all(previous.get(k) == v
-                                                    for k, v in recipe.items()):
+    if previous.get("status") == "finished" and config_lib.same_recipe(previous, recipe):
       logging.info("%s: finished before, skipped.", variant.name)
       done[variant.name] = "skipped"
       continue
