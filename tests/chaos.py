@@ -52,11 +52,11 @@ def checkpoint_steps(workdir):
 
 def temporaries(workdir):
   """Paths under `workdir` that a finished writer must not leave: Orbax's
-  temporary checkpoint directories, files.atomic_path's NAME.tmp<pid>, the lock."""
+  temporary checkpoint directories, files.atomic_path's NAME.tmp<pid>@<host>, the lock."""
   found = []
   for root, dirs, names in os.walk(workdir):
     for name in dirs + names:
-      if ("orbax-checkpoint-tmp" in name or re.search(r"\.tmp\d+$", name)
+      if ("orbax-checkpoint-tmp" in name or re.search(r"\.tmp\d+@", name)
           or (root == workdir and name == "LOCK")):
         found.append(os.path.join(root, name))
   return found

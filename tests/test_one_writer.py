@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests import process_helpers as ph
 from tests.helpers import tiny_experiment
-from transformer import lock, training
+from transformer import files, lock, training
 from transformer import workdir as workdir_lib
 from transformer.config import resume_changes
 from transformer.data import tokenizer as tokenizer_lib
@@ -63,6 +64,25 @@ def test_stale_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, c
       assert json.loads(open(os.path.join(workdir, lock.LOCK_NAME)).read())["pid"] == os.getpid()
   assert f"from holder (pid {holder.pid}" in caplog.text and "no longer running" in caplog.text
   assert not os.path.exists(os.path.join(workdir, lock.LOCK_NAME))  # A clean exit removes it.
+
+
+def test_taking_the_lock_removes_only_dead_temporaries_of_this_host(tmp_path):
+  """What a killed writer of this host left (NAME.tmp<pid>@<host>, a file or a
+  directory) goes when the lock is taken; a live writer's, another host's and
+  a user's own NAME.tmp<digits> stay."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  dead = subprocess.Popen([sys.executable, "-c", ""])
+  dead.wait()
+  host = socket.gethostname()
+  gone = [f"config.json.tmp{dead.pid}@{host}", f"checkpoints_best.tmp{dead.pid}@{host}"]
+  kept = [f"eval.json.tmp{os.getpid()}@{host}", f"eval.json.tmp{dead.pid}@other-{host}",
+          f"notes.tmp{dead.pid}", f"x.tmp{dead.pid}@{host}.bak"]
+  for name in gone + kept:
+    (workdir / name).mkdir() if "best" in name else (workdir / name).write_text("x")
+  assert files.temporary_path(str(workdir / "a")) == str(workdir / f"a.tmp{os.getpid()}@{host}")
+  with lock.WorkdirLock(str(workdir), "train"):
+    assert sorted(os.listdir(workdir)) == sorted(kept + [lock.LOCK_NAME])
 
 
 def test_a_url_workdir_is_refused_not_made_a_local_directory(tmp_path, monkeypatch):

@@ -63,8 +63,8 @@ def _replace_dir(new, final):
 
 def _recover(final):
   """Puts back the previous average that a killed run had moved aside and not
-  replaced; removes those it had replaced. (Its unfinished new average, a
-  NAME.tmp<pid> of a dead pid, went when the lock was taken.)"""
+  replaced; removes those it had replaced. (Its unfinished new average, in
+  FINAL.tmp, goes before the next one is written.)"""
   moved = sorted(glob.glob(glob.escape(final) + OLD_INFIX + "*"), key=os.path.getmtime)
   if moved and not os.path.exists(final):
     logging.warning("Restoring the previous average %s from %s (an averaging was killed "
@@ -118,7 +118,7 @@ def _average(workdir, last, mesh):
 
   final = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"])
   # One name in every process of a multi-process job: they write one checkpoint.
-  # (Not a NAME.tmp<pid>: the lock's clean-up never takes it for a dead writer's;
+  # (Not a files.temporary_path: the lock's clean-up never takes it for a dead writer's;
   # process 0 removes a killed run's before anyone writes.)
   staging = f"{final}.tmp"
   if jax.process_index() == 0:

@@ -6,13 +6,14 @@ import fcntl
 import os
 import re
 import shutil
+import socket
 
 from absl import logging
 
 from transformer import runtime
 
 
-TMP_INFIX = ".tmp"  # NAME.tmp<pid>: a temporary of the process <pid>.
+TMP_INFIX = ".tmp"  # NAME.tmp<pid>@<host>: a temporary of the process <pid> of <host>.
 
 
 def check_local(path: str, what: str = "workdir") -> None:
@@ -34,13 +35,22 @@ def pid_alive(pid: int) -> bool:
   return True
 
 
+def temporary_path(path: str) -> str:
+  """`path`.tmp<pid>@<host>: this process's temporary for `path`. The host
+  tells a workdir on a shared file system which host's pid it is, and makes
+  the name one that no file of a user's is likely to have."""
+  return f"{path}{TMP_INFIX}{os.getpid()}@{socket.gethostname()}"
+
+
 def remove_dead_temporaries(directory: str) -> None:
-  """Removes the NAME.tmp<pid> files and directories in `directory` whose
-  process is dead: what a writer killed mid-write left (they are never read).
-  Only the workdir's writer calls it, holding its lock (transformer/lock.py);
-  a live process's temporaries (an evaluation writing its results) are kept."""
+  """Removes the NAME.tmp<pid>@<this host> files and directories in `directory`
+  whose process is dead: what a writer killed mid-write left (they are never
+  read). Only the workdir's writer calls it, holding its lock
+  (transformer/lock.py); a live process's temporaries (an evaluation writing its
+  results) and other hosts' are kept."""
+  own = re.escape(TMP_INFIX) + r"(\d+)@" + re.escape(socket.gethostname())
   for name in os.listdir(directory):
-    found = re.fullmatch(r".+" + re.escape(TMP_INFIX) + r"(\d+)", name)
+    found = re.fullmatch(r".+" + own, name)
     if not found or pid_alive(int(found.group(1))):
       continue
     path = os.path.join(directory, name)
@@ -56,7 +66,7 @@ def remove_dead_temporaries(directory: str) -> None:
 def atomic_path(path):
   """Yields a temporary path to write; renames it to `path` if the block ends
   normally, removes it if not."""
-  tmp = f"{path}{TMP_INFIX}{os.getpid()}"
+  tmp = temporary_path(path)
   try:
     yield tmp
     os.replace(tmp, path)
