@@ -227,12 +227,13 @@ def test_tokenize_pairs_drop_truncate_and_empty():
   pairs = [('abc', 'de'), ('abcdefgh', 'x'), ('', 'y'), ('a', ' '), ('ab', 'abcdefg')]
   ex, stats = pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'drop')
   assert stats == {'total': 5, 'kept': 1, 'dropped_empty': 2, 'dropped_overlong': 2,
-                   'truncated': 0, 'truncated_sources': 0}
+                   'truncated': 0, 'truncated_sources': 0, 'truncated_targets': 0}
   assert [e.tolist() for e in ex[0]] == [[41, 42, 43, EOS_ID], [44, 45, EOS_ID]]  # ord % 60 + 4
   ex, stats, kept = pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'truncate',
                                             return_kept=True)
   assert (stats['truncated'], stats['kept'], kept) == (2, 3, [0, 1, 4])
-  assert stats['truncated_sources'] == 1  # Pair 4's source fits; its target was cut.
+  # Pair 1's source was cut, pair 4's target.
+  assert (stats['truncated_sources'], stats['truncated_targets']) == (1, 1)
   assert all(len(s) <= 5 and s[-1] == EOS_ID and t[-1] == EOS_ID for s, t in ex)
   assert all(s.dtype == np.int32 for s, _ in ex)
   with pytest.raises(ValueError, match='overlong'):

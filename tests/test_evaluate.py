@@ -152,7 +152,8 @@ def test_evaluate_writes_json_and_exact_match_matches_its_outputs(workdir):
   assert saved == result
   for key in ("step", "split", "checkpoint", "mode", "beam_size", "alpha", "max_extra_len",
               "metrics", "num_sentences", "decode_seconds", "compile_seconds",
-              "sentences_per_second", "dataset", "signature", "hypotheses_file"):
+              "sentences_per_second", "dataset", "signature", "hypotheses_file",
+              "truncated_sources", "truncated_targets"):
     assert key in saved, key
   assert (saved["step"], saved["split"], saved["mode"], saved["num_sentences"]) == (
       20, "test[:40]", "beam", 30)

@@ -13,6 +13,7 @@ moved every leaf by 4e-4 or more (at most 5e-3).
 """
 
 import collections
+import fcntl
 import glob
 import json
 import os
@@ -250,6 +251,27 @@ def test_evaluate_in_two_processes_scores_each_sentence_once(runs, tmp_path):
   assert two["batches"] == one["batches"] and two["metrics"] == one["metrics"]
   assert two["perplexity"] == pytest.approx(one["perplexity"], rel=1e-5)  # Sums over hosts.
   assert two["hypotheses"] == one["hypotheses"] and two["hypotheses"].count("\n") == 40
+
+
+def test_an_output_another_run_is_writing_stops_both_processes_at_once(runs, tmp_path):
+  """A 2-process evaluate whose hypotheses file another run holds stops in both
+  processes: process 0 on the BusyError, process 1 quoting it (not after the
+  heartbeat timeout, waiting for process 0 in a collective); nothing is written."""
+  workdir = str(tmp_path / "busy")
+  shutil.copytree(runs["two"], workdir)
+  partial = os.path.join(workdir, "eval_test_latest_greedy-n40.txt.partial")
+  with open(partial, "a", encoding="utf-8") as held:
+    fcntl.flock(held, fcntl.LOCK_EX)
+    command, env = launch_command(["-m", "transformer.evaluate", f"--workdir={workdir}",
+                                   "--mode=greedy", "--limit=40"])
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=JOB_TIMEOUT_S + 60)
+  output = out.stdout + out.stderr
+  assert out.returncode != 0, output[-3000:]
+  assert f"another run is writing {partial}" in output, output[-3000:]
+  assert ("opening the hypotheses file failed in process 0: BusyError: another run is "
+          "writing") in output, output[-3000:]
+  assert not glob.glob(os.path.join(workdir, "eval_*.json"))
 
 
 def stop_process_1_mid_training(data_dir, workdir, sig, grace_s):

@@ -235,6 +235,28 @@ def gather_messages(message: str, limit: int = 400) -> list:
   return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in np.asarray(rows)]
 
 
+def process_0_only(fn, what: str):
+  """fn() in process 0, None in the others; where it raises, every process
+  raises: process 0 its error, the others a CommandError quoting it. One
+  process's failure (opening an output that another run is writing, say) then
+  ends the job at once, not after the others' heartbeat timeout while they
+  wait for it in the next collective."""
+  if jax.process_count() == 1:
+    return fn()
+  result, error = None, None
+  if jax.process_index() == 0:
+    try:
+      result = fn()
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+  message = gather_messages("" if error is None else f"{type(error).__name__}: {error}")[0]
+  if error is not None:
+    raise error
+  if message:
+    raise runtime.CommandError(f"{what} failed in process 0: {message}")
+  return result
+
+
 def process_0_first(fn, name: str):
   """fn() in process 0, then in the others once process 0 has returned: what
   process 0 prepares and writes into a shared directory (a TFDS dataset, the

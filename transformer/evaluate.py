@@ -8,7 +8,9 @@ exact match for SCAN.
 Decoding settings default to config.decode (section 6.1: beam 4, alpha 0.6,
 input length + 50), the split to config.data.test_split. The split's perplexity
 per target token without label smoothing (teacher-forced; Table 3's "PPL (dev)"
-on the dev split) is reported beside the scores. Results are printed and
+on the dev split) is reported beside the scores: over the references as the
+model sees them, so one longer than data.max_length counts cut there
+(`truncated_targets` counts those, and a warning says so). Results are printed and
 written to DIR/eval_{split}_{checkpoint}_{mode}.json (mode: greedy, or beam{K}-a{alpha};
 '-n{N}' added with --limit, '-x{N}' with a --max_extra_len other than the config's), the hypotheses to the same name with .txt, one per
 line in the split's order.
@@ -39,6 +41,7 @@ import time
 
 from absl import app
 from absl import flags
+from absl import logging
 import jax
 
 from transformer import data as data_lib
@@ -92,11 +95,12 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       split, checkpoint, mode, beam_size, alpha, limit,
       None if extra == config.decode.get("max_extra_len", extra) else extra))
   scorer = metrics_lib.Scorer(config.data.dataset)
-  timings, loss_totals, truncated, wall = collections.Counter(), None, 0, 0.0
+  timings, truncated, loss_totals, wall = collections.Counter(), collections.Counter(), None, 0.0
   # Each chunk's hypotheses are written and flushed before the next chunk is
   # read; the file takes its final name once all are scored, so a killed run
   # leaves what it wrote under .partial, never a short file under the real name.
-  out = files.open_partial(stem + ".txt") if jax.process_index() == 0 else None
+  out = distributed.process_0_only(lambda: files.open_partial(stem + ".txt"),
+                                   "opening the hypotheses file")
   try:
     for examples, pairs, stats in itertools.chain([first], chunks):
       start, chunk_timings = time.perf_counter(), {}
@@ -107,7 +111,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       scorer.add(hypotheses, [t for _, t in pairs])
       wall += time.perf_counter() - start
       timings.update(chunk_timings)
-      truncated += stats["truncated_sources"]
+      truncated.update({k: stats[k] for k in ("truncated_sources", "truncated_targets")})
       loss_totals = training.eval_loss_sums(eval_fn, restored.params, examples, config,
                                             restored.mesh, loss_totals)
       if out is not None:
@@ -116,6 +120,11 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     if not scorer.count:
       raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
     loss = training.loss_metrics(loss_totals)
+    if truncated["truncated_targets"] and jax.process_index() == 0:
+      logging.warning("%d references of %s are longer than data.max_length=%d tokens: the "
+                      "perplexity scores them cut there, with an EOS they lack (the scores "
+                      "read them whole).", truncated["truncated_targets"], split,
+                      config.data.max_length)
     result = {
         "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
         "step": int(restored.step), "dataset": config.data.dataset, "split": split,
@@ -123,7 +132,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
         "beam_size": beam_size if mode == "beam" else None,
         "alpha": alpha if mode == "beam" else None, "max_extra_len": settings["max_extra_len"],
         "compact": settings["compact"] if mode == "beam" else None,
-        "num_sentences": scorer.count, "truncated_sources": truncated,
+        "num_sentences": scorer.count, "truncated_sources": truncated["truncated_sources"],
+        "truncated_targets": truncated["truncated_targets"],
         "perplexity": loss["perplexity"], "nll": loss["nll"],
         "compile_seconds": timings["compile_seconds"],
         "decode_seconds": timings["decode_seconds"], "batches": timings["batches"],

@@ -35,7 +35,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import evaluate, files, inference, plots, runtime
+from transformer import distributed, evaluate, files, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import tokenizer as tokenizer_lib
@@ -177,11 +177,13 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   lines = iter_lines(input_path)
   outputs, count, first = [], 0, None
   overlong = Overlong(source_limit(config))
-  out = None  # Every process holds every output; the first writes them.
+  # Every process holds every output; the first writes them, a file as
+  # OUTPUT.partial until complete.
   partial = output_path != "-" and files.writes_through_partial(output_path)
-  if jax.process_index() == 0:  # A file is written as OUTPUT.partial until complete.
-    out = (sys.stdout if output_path == "-" else files.open_partial(output_path) if partial
-           else open(output_path, "w", encoding="utf-8"))  # pylint: disable=consider-using-with
+  out = distributed.process_0_only(
+      lambda: (sys.stdout if output_path == "-" else files.open_partial(output_path) if partial
+               else open(output_path, "w", encoding="utf-8")),  # pylint: disable=consider-using-with
+      "opening --output")
   try:
     for index in itertools.count():
       chunk = list(itertools.islice(lines, chunk_lines))

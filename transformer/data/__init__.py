@@ -40,8 +40,9 @@ def get_eval(data_config, tokenizer, split):
   """(examples, raw pairs aligned with them, stats) of an evaluation split (e.g. test_split).
 
   Overlong examples are truncated, not dropped, so the set stays whole
-  (stats['truncated'] counts them, stats['truncated_sources'] those whose source
-  was cut); an empty side is kept as EOS alone.
+  (stats['truncated'] counts them, stats['truncated_sources'] and
+  stats['truncated_targets'] those whose source, whose target was cut); an empty
+  side is kept as EOS alone.
   """
   examples, pairs, stats = [], [], collections.Counter()
   for chunk_examples, chunk_pairs, chunk_stats in iter_eval(data_config, tokenizer, split):

@@ -31,8 +31,10 @@ BUCKET_GROWTH = 1.125  # Above 64, buckets grow ~12.5%: few shapes, < ~12.5% pad
 
 
 # The counts tokenize_pairs reports.
-# truncated: examples cut on either side; truncated_sources: those whose source was.
-STATS = ('total', 'kept', 'dropped_empty', 'dropped_overlong', 'truncated', 'truncated_sources')
+# truncated: examples cut on either side; truncated_sources, truncated_targets:
+# those whose source, whose target was.
+STATS = ('total', 'kept', 'dropped_empty', 'dropped_overlong', 'truncated', 'truncated_sources',
+         'truncated_targets')
 
 
 def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=False,
@@ -65,6 +67,7 @@ def tokenize_pairs(pairs, tokenizer, max_length, overlong='drop', return_kept=Fa
         continue
       stats['truncated'] += 1
       stats['truncated_sources'] += len(s) + 1 > max_length
+      stats['truncated_targets'] += len(t) + 1 > max_length
       s, t = s[:max_length - 1], t[:max_length - 1]
     examples.append((np.array(s + [EOS_ID], np.int32), np.array(t + [EOS_ID], np.int32)))
     kept.append(i)
