@@ -178,12 +178,13 @@ def test_collect_labels_the_table_with_what_the_workdirs_trained(tmp_path):
 
 
 def test_a_newline_in_a_cell_or_an_error_keeps_the_markdown_table_whole():
-  rows = [{"variant": "v", "changes": "data.text_dir=a\nb", "status": "failed",
-           "error": "line 1\nline 2"}]
-  lines = results.to_markdown(rows, "bleu", "title").splitlines()
+  rows = [{"variant": "v", "changes": "data.text_dir=a\nb\rc\r\nd", "status": "failed",
+           "error": "line 1\r\nline 2"}]
+  markdown = results.to_markdown(rows, "bleu", "title")
+  lines = markdown.split("\n")
   table = [line for line in lines if line.startswith("|")]
-  assert len(table) == 3 and "data.text_dir=a b" in table[2]
-  assert lines[-2:] == ["- v (failed): line 1", "  line 2"]
+  assert len(table) == 3 and "data.text_dir=a b c d" in table[2] and "\r" not in markdown
+  assert lines[-3:] == ["- v (failed): line 1", "  line 2", ""]
 
 
 def test_collect_without_set_resolves_variants_that_scale_with_the_base_as_run(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from tests import helpers, process_helpers
 from tests.helpers import DEFAULT, MULTI30K, ROOT, fake_workdir
-from transformer import config as config_lib, results, sweep as sweep_lib
+from transformer import config as config_lib, results, sweep as sweep_lib, training
 
 
 SWEEP_FILE = '''
@@ -204,8 +204,8 @@ def test_only_invalid_variants_is_an_error_not_an_empty_run(tmp_path):
 # Running: skip finished, rerun interrupted or failed, go on after a failure.
 
 class FakeTrainer:
-  """Records calls; fails the variants named in `fail`; leaves a checkpoint at
-  train.num_steps as training would."""
+  """Records calls; fails the variants named in `fail`; leaves config.json and a
+  checkpoint at train.num_steps as training would."""
 
   def __init__(self, fail=()):
     self.calls, self.fail = [], set(fail)
@@ -215,8 +215,10 @@ class FakeTrainer:
     self.calls.append(name)
     if name in self.fail:
       raise RuntimeError(f"train.py exited with status 1: ValueError: {name} broke")
-    steps = [a.partition("=")[2] for a in argv if a.startswith("--config.train.num_steps=")]
-    os.makedirs(os.path.join(variant_dir, "checkpoints", steps[-1] if steps else "3000"),
+    config = config_lib.load_file(argv[argv.index("--config") + 1],
+                                  [a[len("--config."):] for a in argv if a.startswith("--config.")])
+    training.save_config(config, variant_dir)
+    os.makedirs(os.path.join(variant_dir, "checkpoints", str(config.train.num_steps)),
                 exist_ok=True)
 
 
@@ -311,6 +313,20 @@ def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_
     assert sweep_lib.run_local(sweep_lib.resolve(path, base, again), workdir, trainer) == {
         "base": "skipped", "ls0": "skipped"}, (base, again)
     assert trainer.calls == []
+  # A base file edited since: the same --set no longer gives the config trained.
+  base = tmp_path / "base.py"
+  base.write_text("from configs import default\n\ndef get_config():\n"
+                  "  config = default.get_config()\n  config.train.num_steps = 5\n"
+                  "  return config\n")
+  edited = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                       base=str(base), name="edited.py")
+  assert sweep_lib.run_local(sweep_lib.resolve(edited), str(tmp_path / "e"), FakeTrainer()) == {
+      "base": "finished"}
+  base.write_text(base.read_text().replace("= 5", "= 9"))
+  trainer = FakeTrainer()
+  assert sweep_lib.run_local(sweep_lib.resolve(edited, sets=["train.num_steps=9"]),
+                             str(tmp_path / "e"), trainer) == {"base": "finished"}
+  assert trainer.calls == ["base"]
   assert config_lib.same_recipe({"base": DEFAULT, "overrides": ["model.dropout=.1"]},
                                 {"base": respelt, "overrides": []})
   assert not config_lib.same_recipe({"base": DEFAULT, "overrides": ["model.dropout=0.2"]},

@@ -16,8 +16,8 @@ stale lock is removed under a guard file that one process at a time creates,
 and only if it still holds the record judged stale: a process that took the
 lock over meanwhile keeps it.
 
-Holding the lock, a writer removes the temporaries that dead writers left
-(files.remove_dead_temporaries): no other writer can be using them.
+Holding the lock, a writer removes the temporaries that dead writers of its
+host left (files.remove_dead_temporaries): no other writer can be using them.
 """
 
 import contextlib

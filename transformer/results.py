@@ -19,6 +19,7 @@ import glob
 import io
 import json
 import os
+import re
 from typing import Optional
 
 from absl import logging
@@ -30,6 +31,7 @@ from transformer.config import model_config, same_recipe
 
 STATUS_FILE = "sweep_status.json"
 _TEXT_COLUMNS = ("variant", "changes", "status")
+_LINE_END = re.compile(r"\r\n?|\n")  # Markdown's line ends.
 _METRIC_NAMES = {"bleu": ("BLEU", 1.0), "exact_match": ("exact match %", 100.0)}
 
 
@@ -152,7 +154,7 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
              wall_seconds=status.get("wall_seconds"))
   trained = status.get("overrides")
   if recipe is not None and trained is not None and not same_recipe(
-      {**recipe, "overrides": trained}, recipe):
+      {"base": status.get("base", recipe["base"]), "overrides": trained}, recipe):
     row["note"] = (f"trained with `{' '.join(trained) or '(no overrides)'}`, not "
                    f"`{' '.join(recipe['overrides']) or '(no overrides)'}` as the notes "
                    "above say")
@@ -213,10 +215,10 @@ def to_markdown(rows, metric: str, title: str, notes=()) -> str:
       "|" + "|".join("---" if c[0] in _TEXT_COLUMNS else "---:" for c in cols) + "|"]
   for row in rows:
     cells = ["" if row.get(n) is None else fmt(row[n]) for n, _, fmt in cols]
-    # A newline (in an override's value, say) would end the table's row.
-    lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells)
+    # A line end (in an override's value, say) would end the table's row.
+    lines.append("| " + " | ".join(_LINE_END.sub(" ", c.replace("|", "\\|")) for c in cells)
                  + " |")
-  errors = [f"- {row['variant']} ({row['status']}): " + str(row[key]).replace("\n", "\n  ")
+  errors = [f"- {row['variant']} ({row['status']}): " + _LINE_END.sub("\n  ", str(row[key]))
             for row in rows for key in ("error", "note") if row.get(key)]
   lines += ["", *errors] if errors else []
   return "\n".join(lines) + "\n"

@@ -17,7 +17,8 @@ All three take grow=(first_len, grow_fn): the cache given holds first_len
 steps, and grow_fn(cache) extends it to L if the loop gets that far.
 
 Beam scores use the GNMT length penalty with |Y| = generated tokens including
-EOS. No search emits PAD or BOS, nor a token whose logit is NaN (`allowed`).
+EOS. No search chooses PAD or BOS, nor a token whose logit is NaN, while any
+other token is possible (`allowed`).
 """
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -69,7 +70,8 @@ def allowed(logits_NxV: Array, bos_id: int, eos_id: int) -> Array:
   PAD is the outputs' filler and BOS the decoder's first input: neither is a
   token of a sentence, yet an undertrained model can rank them first, and then
   lengths and the length penalty count them. A NaN (a diverged model) would win
-  an argmax. BOS stays allowed where it is also the EOS.
+  an argmax. BOS stays allowed where it is also the EOS. (A row with nothing
+  left, every logit NaN, gets argmax's token 0, PAD, as before.)
   """
   ids_1xV = jnp.arange(logits_NxV.shape[-1])[None, :]
   banned_1xV = (ids_1xV == PAD_ID) | ((ids_1xV == bos_id) & (bos_id != eos_id))

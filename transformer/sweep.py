@@ -33,8 +33,9 @@ the field and the reason, before anything runs, and the valid ones still run.
 Each variant trains in <workdir>/<variant>/, an ordinary training workdir, in a
 subprocess of train.py: a crash or a leak in one variant cannot take the sweep
 down, and what runs is exactly the command `--emit commands` prints. A variant
-is finished when its sweep_status.json says so for the same base and overrides;
-a rerun skips it, and restarts any other (train.py resumes from its latest
+is finished when its sweep_status.json says so and it trained with the config
+the rerun resolves to (its config.json; the --sets in another order are the
+same); a rerun skips it, and restarts any other (train.py resumes from its latest
 checkpoint) unless its checkpoints were trained with other settings than
 CONTINUABLE ones (num_steps, cadences, the mesh, data paths, speed-only fields),
 compared on the resolved configs: such a variant is reported 'stale' and left
@@ -237,24 +238,42 @@ CONTINUABLE = ("train.num_steps", "train.log_every", "train.eval_every",
                "decode.tokens_per_batch", "decode.concurrent_batches", "decode.compact")
 
 
-def recipe_changes(previous: dict, recipe: dict, variant_dir: Optional[str] = None) -> list:
-  """The changes from a variant's recorded recipe ({'base', 'overrides'}) to
-  `recipe` that its checkpoints cannot continue under, as 'field: old -> new',
-  compared on the configs they resolve to (a value spelt otherwise, or given
-  where it is the base's own, is no change). Without a recorded recipe (trained
-  by its emitted command, or a damaged status), `variant_dir`'s config.json is
-  what it was trained with."""
-  try:
-    old = (load_file(previous.get("base"), previous.get("overrides") or []) if previous
-           else workdir_lib.load_config(variant_dir))
-  except Exception as e:  # pylint: disable=broad-except
-    return [f"the recorded settings no longer load ({e})"]
+def config_changes(previous: dict, recipe: dict, variant_dir: Optional[str] = None) -> list:
+  """(field, old, new) of every field whose value differs between what a
+  variant trained with and `recipe`'s ({'base', 'overrides'}) config: compared
+  as resolved configs, so a value spelt otherwise, or given where it is the
+  base's own, is no change. What it trained with is `variant_dir`'s
+  config.json (train.py's, written once a run is past its data checks), else
+  its recorded recipe ({'base', 'overrides'}) as the base file resolves it now.
+  Raises where neither loads."""
+  has_config = variant_dir and os.path.exists(os.path.join(variant_dir, "config.json"))
+  old = (workdir_lib.load_config(variant_dir) if has_config
+         else load_file(previous.get("base"), previous.get("overrides") or []))
   new = load_file(recipe["base"], recipe["overrides"])
   fixed, free = resume_changes(json.loads(old.to_json_best_effort()),
                                json.loads(new.to_json_best_effort()))
-  changed = [(f, o, n) for f, o, n, _ in fixed] + free
+  return [(f, o, n) for f, o, n, _ in fixed] + free
+
+
+def recipe_changes(previous: dict, recipe: dict, variant_dir: Optional[str] = None) -> list:
+  """config_changes that a variant's checkpoints cannot continue under, as
+  'field: old -> new'."""
+  try:
+    changed = config_changes(previous, recipe, variant_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    return [f"the recorded settings no longer load ({e})"]
   return [f"{f}: {o!r} -> {n!r}" for f, o, n in changed
           if f not in CONTINUABLE and not f.startswith("distributed.")]
+
+
+def _finished_as(previous: dict, recipe: dict, variant_dir: str) -> bool:
+  """Whether the variant finished training with `recipe`'s config (however spelt)."""
+  if previous.get("status") != "finished":
+    return False
+  try:
+    return not config_changes(previous, recipe, variant_dir)
+  except Exception:  # pylint: disable=broad-except
+    return False  # Settings that no longer load: the checks below decide.
 
 
 def run_local(sweep: Sweep, workdir: str,
@@ -275,7 +294,7 @@ def run_local(sweep: Sweep, workdir: str,
       continue
     recipe = {"base": sweep.base, "overrides": sweep.overrides(variant)}
     previous = results.read_status(variant_dir) or {}
-    if previous.get("status") == "finished" and config_lib.same_recipe(previous, recipe):
+    if _finished_as(previous, recipe, variant_dir):
       logging.info("%s: finished before, skipped.", variant.name)
       done[variant.name] = "skipped"
       continue
