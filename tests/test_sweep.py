@@ -327,6 +327,11 @@ def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_
   assert sweep_lib.run_local(sweep_lib.resolve(edited, sets=["train.num_steps=9"]),
                              str(tmp_path / "e"), trainer) == {"base": "finished"}
   assert trainer.calls == ["base"]
+  # An edited value its checkpoints cannot continue under: stale, as its config.json says.
+  base.write_text(base.read_text().replace("  return config", "  config.model.dropout = 0.3\n"
+                                           "  return config"))
+  assert sweep_lib.run_local(sweep_lib.resolve(edited, sets=["train.num_steps=9"]),
+                             str(tmp_path / "e"), FakeTrainer()) == {"base": "stale"}
   assert config_lib.same_recipe({"base": DEFAULT, "overrides": ["model.dropout=.1"]},
                                 {"base": respelt, "overrides": []})
   assert not config_lib.same_recipe({"base": DEFAULT, "overrides": ["model.dropout=0.2"]},
