@@ -357,8 +357,8 @@ def test_a_variant_trained_without_a_status_is_checked_against_its_config(tmp_pa
 
 
 def test_a_variant_another_process_trains_is_left_to_it(tmp_path):
-  """Two sweeps on one workdir: while one's training holds a variant's lock, the
-  other reports it busy and leaves its status alone (it took the live 'running'
+  """Two sweeps on one workdir: while one holds a variant (its .sweep lock) or
+  its training holds the variant's lock, the other reports it busy and leaves its status alone (it took the live 'running'
   status for an interrupted run, launched, failed on the lock and wrote
   'failed' over it)."""
   from transformer import lock  # pylint: disable=g-import-not-at-top
@@ -370,6 +370,9 @@ def test_a_variant_another_process_trains_is_left_to_it(tmp_path):
   results.write_status(variant_dir, {"status": "running", "attempts": 1})
   trainer = FakeTrainer()
   with lock.hold(variant_dir, "train"):
+    assert sweep_lib.run_local(sweep, workdir, trainer) == {"base": "busy"}
+  # The other sweep itself, deciding or between its 'running' and its train.py's lock.
+  with lock.hold(os.path.join(variant_dir, sweep_lib.SWEEP_LOCK_DIR), "sweep"):
     assert sweep_lib.run_local(sweep, workdir, trainer) == {"base": "busy"}
   assert trainer.calls == [] and results.read_status(variant_dir) == {
       "status": "running", "attempts": 1}

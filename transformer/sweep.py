@@ -43,6 +43,7 @@ as it is, so that no row is labelled with settings it did not train under. A var
 and the sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
 """
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -276,56 +277,69 @@ def _finished_as(previous: dict, recipe: dict, variant_dir: str) -> bool:
     return False  # Settings that no longer load: the checks below decide.
 
 
+# Held in <variant dir>/.sweep while a sweep decides on a variant and trains it:
+# another sweep on the same workdir then finds the variant busy, also in the
+# seconds between this one writing 'running' and its train.py taking the
+# workdir's own lock.
+SWEEP_LOCK_DIR = ".sweep"
+
+
 def run_local(sweep: Sweep, workdir: str,
               train: Callable[[list, str], None] = train_subprocess) -> dict:
   """Trains the valid variants one after another; returns {name: status}
   ('finished', 'failed', 'skipped', 'stale': checkpoints of another recipe, or
-  'busy': another process, another sweep's training say, holds its workdir)."""
+  'busy': another process, another sweep or its training say, holds its workdir)."""
   done = {}
   for variant in sweep.valid:
     variant_dir = os.path.join(workdir, variant.name)
     os.makedirs(variant_dir, exist_ok=True)
-    try:  # A variant another process trains (another sweep's) is left to it.
-      with lock.hold(variant_dir, "sweep"):
-        pass
-    except lock.WorkdirBusyError as e:
-      logging.warning("%s: not run: %s", variant.name, e)
-      done[variant.name] = "busy"
-      continue
-    recipe = {"base": sweep.base, "overrides": sweep.overrides(variant)}
-    previous = results.read_status(variant_dir) or {}
-    if _finished_as(previous, recipe, variant_dir):
-      logging.info("%s: finished before, skipped.", variant.name)
-      done[variant.name] = "skipped"
-      continue
-    trained = previous or os.path.exists(os.path.join(variant_dir, "config.json"))
-    changes = recipe_changes(previous, recipe, variant_dir) if trained else []
-    if changes and results.latest_step(variant_dir) is not None:
-      logging.error("%s: not run: its checkpoints were trained with other settings (%s); "
-                    "use another --workdir, or remove %s to train it again.",
-                    variant.name, "; ".join(changes), variant_dir)
-      done[variant.name] = "stale"
-      continue
-    argv = train_argv(sweep, variant, workdir)
-    # A killed attempt records no time of its own; the earlier attempts' stays.
-    status = {**recipe, "status": "running", "attempts": previous.get("attempts", 0) + 1,
-              "command": shlex.join(["python", "train.py"] + argv), "started": time.time(),
-              "wall_seconds": previous.get("wall_seconds", 0.0)}
-    results.write_status(variant_dir, status)
-    logging.info("%s: training (%s).", variant.name, " ".join(variant.overrides) or "the base")
-    start = time.time()
-    try:
-      train(argv, variant_dir)
-      status.update(status="finished", error=None)
-    except Exception as e:  # pylint: disable=broad-except
-      status.update(status="failed", error=str(e))
-      logging.error("%s failed: %s", variant.name, e)
-    # This attempt's time plus the earlier attempts' that ended (a killed one has none).
-    status.update(wall_seconds=status["wall_seconds"] + time.time() - start,
-                  steps=results.latest_step(variant_dir))
-    results.write_status(variant_dir, status)
-    done[variant.name] = status["status"]
+    with contextlib.ExitStack() as held:
+      try:  # A variant another process trains (another sweep's) is left to it.
+        held.enter_context(lock.hold(os.path.join(variant_dir, SWEEP_LOCK_DIR), "sweep"))
+        with lock.hold(variant_dir, "sweep"):  # A train.py run outside any sweep.
+          pass
+      except lock.WorkdirBusyError as e:
+        logging.warning("%s: not run: %s", variant.name, e)
+        done[variant.name] = "busy"
+        continue
+      done[variant.name] = _run_variant(sweep, variant, workdir, train)
   return done
+
+
+def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train) -> str:
+  """run_local's decision and training for one variant; its status."""
+  variant_dir = os.path.join(workdir, variant.name)
+  recipe = {"base": sweep.base, "overrides": sweep.overrides(variant)}
+  previous = results.read_status(variant_dir) or {}
+  if _finished_as(previous, recipe, variant_dir):
+    logging.info("%s: finished before, skipped.", variant.name)
+    return "skipped"
+  trained = previous or os.path.exists(os.path.join(variant_dir, "config.json"))
+  changes = recipe_changes(previous, recipe, variant_dir) if trained else []
+  if changes and results.latest_step(variant_dir) is not None:
+    logging.error("%s: not run: its checkpoints were trained with other settings (%s); "
+                  "use another --workdir, or remove %s to train it again.",
+                  variant.name, "; ".join(changes), variant_dir)
+    return "stale"
+  argv = train_argv(sweep, variant, workdir)
+  # A killed attempt records no time of its own; the earlier attempts' stays.
+  status = {**recipe, "status": "running", "attempts": previous.get("attempts", 0) + 1,
+            "command": shlex.join(["python", "train.py"] + argv), "started": time.time(),
+            "wall_seconds": previous.get("wall_seconds", 0.0)}
+  results.write_status(variant_dir, status)
+  logging.info("%s: training (%s).", variant.name, " ".join(variant.overrides) or "the base")
+  start = time.time()
+  try:
+    train(argv, variant_dir)
+    status.update(status="finished", error=None)
+  except Exception as e:  # pylint: disable=broad-except
+    status.update(status="failed", error=str(e))
+    logging.error("%s failed: %s", variant.name, e)
+  # This attempt's time plus the earlier attempts' that ended (a killed one has none).
+  status.update(wall_seconds=status["wall_seconds"] + time.time() - start,
+                steps=results.latest_step(variant_dir))
+  results.write_status(variant_dir, status)
+  return status["status"]
 
 
 def as_run(sweep: Sweep, workdir: str) -> Sweep:
