@@ -94,7 +94,7 @@ def test_run_reads_stdin_and_writes_stdout(workdir, monkeypatch, capsys):
   assert all(w.startswith("I_") for w in " ".join(outputs).split())
 
 
-def test_bad_arguments_fail_before_any_work(workdir, tmp_path):
+def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
   out = tmp_path / "out.txt"
   out.write_text("keep me\n")
   with pytest.raises(ValueError, match="head 5 out of range"):
@@ -110,9 +110,25 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path):
     translate.run(workdir, "-", str(out), plot_attention=str(tmp_path / "none" / "a.png"))
   with pytest.raises(FileNotFoundError, match="does not exist"):
     translate.run(str(tmp_path / "none"), "-", str(out))
-  with pytest.raises(ValueError, match="is the input file"):
+  with pytest.raises(ValueError, match="'.*out.txt' is the input: writing it would empty"):
     translate.run(workdir, str(out), os.path.join(str(tmp_path), ".", "out.txt"))
-  assert out.read_text() == "keep me\n"
+  # The input as the output's .partial, through a symlink, or on stdin.
+  partial = tmp_path / "new.txt.partial"
+  partial.write_text("keep me too\n")
+  with pytest.raises(ValueError, match=r"--output '.*new.txt.partial' is the input"):
+    translate.run(workdir, str(partial), str(tmp_path / "new.txt"))
+  (tmp_path / "link.txt").symlink_to(out)
+  with open(out, encoding="utf-8") as stdin, monkeypatch.context() as patch:
+    patch.setattr(sys, "stdin", stdin)
+    with pytest.raises(ValueError, match=r"--output '.*link.txt' is the input \(stdin\)"):
+      translate.run(workdir, "-", str(tmp_path / "link.txt"))
+  with pytest.raises(ValueError, match=r"--plot_attention '.*out.txt' is the --output file"):
+    translate.run(workdir, "-", str(out), plot_attention=str(out))
+  with pytest.raises(ValueError, match=r"--output '.*x.txt': its folder '.*none' does not exist"):
+    translate.run(workdir, "-", str(tmp_path / "none" / "x.txt"))
+  with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^32\)"):
+    translate.run(workdir, "-", str(out), mode="sample", seed=2**32)
+  assert out.read_text() == "keep me\n" and partial.read_text() == "keep me too\n"
 
 
 def test_an_existing_output_is_replaced_only_by_a_complete_translation(workdir, tmp_path,

@@ -27,6 +27,7 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
 
 import itertools
 import os
+import stat
 import sys
 
 from absl import app
@@ -77,7 +78,7 @@ class Overlong:
   def add(self, line: int, tokens: int) -> None:
     self.count += 1
     self.first = self.first or line
-    if self.count <= self.WARN_EACH:
+    if self.count <= self.WARN_EACH and jax.process_index() == 0:
       print(f"translate: warning: line {line} has {tokens} tokens; keeping the first "
             f"{self.limit - 1} (the model's source limit is {self.limit} with EOS)",
             file=sys.stderr)
@@ -132,6 +133,34 @@ def token_labels(tokenizer, ids):
   return labels
 
 
+def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
+  """Errors, before any work, for files that cannot be written, or whose writing
+  would destroy the input (read from stdin too) or another output: --output
+  (written as OUTPUT.partial first) and --plot_attention, through symlinks."""
+  if input_path != "-" and not os.path.exists(input_path):
+    raise FileNotFoundError(f"input {input_path!r} does not exist")
+  outputs = [] if output_path == "-" else [output_path, output_path + files.PARTIAL_SUFFIX]
+  if plot_attention and os.path.realpath(plot_attention) in map(os.path.realpath, outputs):
+    raise ValueError(f"--plot_attention {plot_attention!r} is the --output file")
+  written = [(path, "--output") for path in outputs] + (
+      [(plot_attention, "--plot_attention")] if plot_attention else [])
+  for path, flag in written:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
+      raise ValueError(f"{flag} {path!r}: " + ("is a directory; give a file name"
+                       if os.path.isdir(path) else f"its folder {folder!r} does not exist"))
+  try:
+    source = os.stat(input_path) if input_path != "-" else os.fstat(sys.stdin.fileno())
+  except (OSError, ValueError):  # No stdin (closed): nothing it could be.
+    source = None
+  # Only a regular file can be emptied: a terminal read and written is no loss.
+  for path, flag in written:
+    if (source is not None and stat.S_ISREG(source.st_mode) and os.path.exists(path)
+        and os.path.samestat(os.stat(path), source)):
+      raise ValueError(f"{flag} {path!r} is the input" + (" (stdin)" if input_path == "-" else "")
+                       + ": writing it would empty it before it is read")
+
+
 def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="beam",
         beam_size=None, alpha=None, max_extra_len=None, plot_attention=None, layer=-1,
         head="all", seed=0, temperature=1.0, tokens_per_batch=None,
@@ -155,20 +184,12 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                        "processes of a multi-process job")
     rnn = config.model.get("architecture") == "rnn"  # One attention: one head, no layers.
     plots.parse_head(head, 1 if rnn else config.model.num_heads)
-    folder = os.path.dirname(os.path.abspath(plot_attention))
-    if os.path.isdir(plot_attention) or not os.path.isdir(folder):
-      raise ValueError(f"--plot_attention {plot_attention!r}: "
-                       + ("is a directory; give a file name" if os.path.isdir(plot_attention)
-                          else f"its folder {folder!r} does not exist"))
     if not rnn and not -config.model.num_layers <= layer < config.model.num_layers:
       raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
                        "decoder")
-  if input_path != "-" and not os.path.exists(input_path):
-    raise FileNotFoundError(f"input {input_path!r} does not exist")
-  if (input_path != "-" and output_path != "-" and os.path.exists(output_path)
-      and os.path.samefile(input_path, output_path)):
-    raise ValueError(f"--output {output_path!r} is the input file: writing it would "
-                     "empty it before it is read")
+  if not 0 <= seed < 2**32:  # JAX's keys keep 32 bits: seed and seed + 2^32 would agree.
+    raise ValueError(f"seed must be in [0, 2^32), got {seed}")
+  check_paths(input_path, output_path, plot_attention)
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
       mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact),
@@ -246,6 +267,7 @@ if __name__ == "__main__":
                       "first non-empty input line.")
   flags.DEFINE_integer("layer", -1, "Decoder layer to plot (-1: the last).")
   flags.DEFINE_string("head", "all", "all (one panel per head) | avg | a head number.")
-  flags.DEFINE_integer("seed", 0, "Sampling seed (--mode sample).")
+  flags.DEFINE_integer("seed", 0, "Sampling seed (--mode sample).", lower_bound=0,
+                       upper_bound=2**32 - 1)
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample).")
   app.run(main)
