@@ -15,5 +15,7 @@ ZONE=${2:?zone}
 CONFIG=${3:?config file}
 WORKDIR=${4:?workdir on storage every worker sees}
 shift 4
+# Quoted for the workers' shell: a workdir or an override with spaces or ; stays one argument.
+ARGS=$(printf '%q ' --config "$CONFIG" --workdir "$WORKDIR" "$@")
 gcloud compute tpus tpu-vm ssh "$NAME" --zone="$ZONE" --worker=all --command="
-  cd ~/transformer && .venv/bin/python train.py --config $CONFIG --workdir $WORKDIR $*"
+  cd ~/transformer && .venv/bin/python train.py $ARGS"

@@ -58,11 +58,17 @@ def test_a_slurm_step_with_fewer_tasks_than_gpus_on_a_node_is_warned_of():
     ({ADDRESS: "127.0.0.1:1234"}, "JAX_COORDINATOR_ADDRESS is set but JAX_NUM_PROCESSES"),
     ({ADDRESS: "127.0.0.1:1234", COUNT: "2"}, "but JAX_PROCESS_ID is not"),
     ({**EXPLICIT, ADDRESS: "127.0.0.1"}, "JAX_COORDINATOR_ADDRESS='127.0.0.1' must be host:port"),
+    ({**EXPLICIT, ADDRESS: "::1:1234"}, r"'::1:1234' must be host:port.*IPv6 host in brackets"),
+    ({**EXPLICIT, ADDRESS: "fe80::1"}, r"'fe80::1' must be host:port"),
     ({"SLURM_NTASKS": "many", "SLURM_PROCID": "0"}, "SLURM_NTASKS='many' must be an integer"),
 ])
 def test_bad_settings_name_the_variable(environ, message):
   with pytest.raises(ValueError, match=message):
     job_from_env(environ)
+
+
+def test_an_ipv6_coordinator_in_brackets_is_accepted():
+  assert job_from_env({**EXPLICIT, ADDRESS: "[::1]:1234"}).coordinator_address == "[::1]:1234"
 
 
 def test_timeouts_default_to_jax_for_configs_without_them():

@@ -55,6 +55,30 @@ def test_a_job_that_fails_by_itself_is_reported_in_order():
   assert "[launch] failed: process 1 killed by SIGKILL first" in text
 
 
+class _QuitAfter(io.StringIO):
+  """An output whose reader quits (`| head -3`) after `lines` writes."""
+
+  def __init__(self, lines):
+    super().__init__()
+    self.left = lines
+
+  def write(self, text):
+    if self.left <= 0:
+      raise BrokenPipeError(32, "Broken pipe")
+    self.left -= 1
+    return super().write(text)
+
+
+def test_a_reader_that_quits_does_not_block_the_processes():
+  """Output past a closed pipe is read and dropped: the processes, writing more
+  than a pipe holds, still finish (they blocked on a full pipe, to the limit)."""
+  out = _QuitAfter(3)
+  code = launch.launch(python("print(('x' * 99 + '\\n') * 3000, flush=True)"), 2, timeout_s=20,
+                       out=out)
+  assert code == 0
+  assert "killed" not in out.getvalue()
+
+
 def test_a_job_past_its_time_limit_is_ended():
   out = io.StringIO()
   code = launch.launch(python("import time; time.sleep(60)"), 2, timeout_s=0.5, out=out)

@@ -14,6 +14,7 @@ moved every leaf by 4e-4 or more (at most 5e-3).
 
 import collections
 import fcntl
+import io
 import glob
 import json
 import os
@@ -31,7 +32,7 @@ import pytest
 
 from tests.multiprocess_config import get_config
 from tests.test_training import restore_params
-from transformer import distributed
+from transformer import distributed, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT_S = 240
@@ -272,6 +273,21 @@ def test_an_output_another_run_is_writing_stops_both_processes_at_once(runs, tmp
   assert ("opening the hypotheses file failed in process 0: BusyError: another run is "
           "writing") in output, output[-3000:]
   assert not glob.glob(os.path.join(workdir, "eval_*.json"))
+
+
+def test_sigterm_ends_a_joined_process_that_is_not_training_at_once():
+  """evaluate, translate and average_checkpoints join a job without JAX's
+  preemption service, which catches SIGTERM and, outside training's step sync
+  points, drops it: the launcher's SIGTERM at its time limit ends them, where
+  they ran on to its SIGKILL after the stop grace."""
+  out = io.StringIO()
+  joined = ("from transformer import distributed; distributed.maybe_initialize(); "
+            "print('joined', flush=True); import time; time.sleep(300)")
+  code = launch.launch([sys.executable, "-c", joined], 2, timeout_s=20, stop_grace_s=60,
+                       out=out, environ=dict(job_env(1), PYTHONPATH=ROOT))
+  text = out.getvalue()
+  assert code == 124 and text.count("] joined\n") == 2, text
+  assert text.count("killed by SIGTERM (by the launcher)") == 2, text
 
 
 def stop_process_1_mid_training(data_dir, workdir, sig, grace_s):

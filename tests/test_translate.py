@@ -126,6 +126,10 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
     translate.run(workdir, "-", str(out), plot_attention=str(out))
   with pytest.raises(ValueError, match=r"--output '.*x.txt': its folder '.*none' does not exist"):
     translate.run(workdir, "-", str(tmp_path / "none" / "x.txt"))
+  with monkeypatch.context() as patch:  # stdin reaches process 0 alone.
+    patch.setattr(translate.jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match="--input -: every process of a multi-process job"):
+      translate.run(workdir, "-", str(out))
   with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^32\)"):
     translate.run(workdir, "-", str(out), mode="sample", seed=2**32)
   assert out.read_text() == "keep me\n" and partial.read_text() == "keep me too\n"

@@ -120,8 +120,10 @@ def job_from_env(environ=None) -> Optional[Job]:
   managed = scheduler(environ)
   if address is not None:
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError(f"{ADDRESS}={address!r} must be host:port, the address of process 0")
+    ipv6_unbracketed = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or ipv6_unbracketed:
+      raise ValueError(f"{ADDRESS}={address!r} must be host:port, the address of process 0 "
+                       "(an IPv6 host in brackets: [::1]:1234)")
   if count is not None and count < 1:
     raise ValueError(f"{COUNT}={count} must be >= 1")
   if index is not None and index < 0:
@@ -175,12 +177,19 @@ def timeouts(settings=None) -> dict:
   return {k: int(settings.get(k, v)) for k, v in DEFAULT_TIMEOUTS.items()}
 
 
-def maybe_initialize(settings=None) -> Optional[Job]:
+def maybe_initialize(settings=None, stop_at_sync_points: bool = False) -> Optional[Job]:
   """Joins the job the environment describes (see above) before JAX starts its
-  backends; returns it, or None for one process. `settings`: config.distributed."""
+  backends; returns it, or None for one process. `settings`: config.distributed.
+
+  With `stop_at_sync_points` (training), JAX's preemption service takes SIGTERM
+  and stops every process at a step they all reach (transformer/preemption.py).
+  Without it, a command that reaches no such point (evaluate, translate,
+  average_checkpoints) keeps SIGTERM's default action: the service would catch
+  the signal and drop it, so scancel, timeout or the launcher could not stop it."""
   job = job_from_env()
   if job is None or jax.distributed.is_initialized():
     return job
+  jax.config.update("jax_enable_preemption_service", stop_at_sync_points)
   check_coordinator_port(job)
   wait = timeouts(settings)
   # Cross-process collectives on the CPU backend need an implementation: gloo is

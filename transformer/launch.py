@@ -19,6 +19,7 @@ lines say how each process ended and which failed first. --timeout_s bounds the
 whole job the same way.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -91,10 +92,18 @@ def _child_command(command) -> list:
 
 
 def _pump(stream, prefix, out, lock):
+  """Copies a process's output lines to `out`, prefixed. Once `out` is gone (a
+  reader that quit: `| head`), the rest is read and dropped, so that the process
+  never blocks writing to a full pipe."""
   for line in iter(stream.readline, b""):
+    if out is None:
+      continue
     with lock:
-      out.write(prefix + line.decode("utf-8", "replace"))
-      out.flush()
+      try:
+        out.write(prefix + line.decode("utf-8", "replace"))
+        out.flush()
+      except (BrokenPipeError, ValueError):  # ValueError: `out` closed.
+        out = None
   stream.close()
 
 
@@ -111,7 +120,7 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
   lock = threading.Lock()
 
   def say(message):
-    with lock:
+    with lock, contextlib.suppress(BrokenPipeError, ValueError):  # A reader that quit.
       out.write(f"[launch] {message}\n")
       out.flush()
 

@@ -268,7 +268,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   transformer/lock.py), and a config that changes what its checkpoints depend on
   stops the run before anything is written (workdir.check_resume_config)."""
   check_config(config)
-  distributed.maybe_initialize(config.distributed)
+  distributed.maybe_initialize(config.distributed, stop_at_sync_points=True)
   with lock.hold(workdir, "train", primary=jax.process_index() == 0):
     workdir_lib.check_resume_config(workdir, config)  # Before config.json is replaced.
     # A new workdir's config.json comes first: the vocabulary trained next depends

@@ -134,11 +134,15 @@ def token_labels(tokenizer, ids):
 
 
 def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
-  """Errors, before any work, for files that cannot be written, or whose writing
-  would destroy the input (read from stdin too) or another output: --output
-  (written as OUTPUT.partial first) and --plot_attention, through symlinks."""
+  """Errors, before any work, for an input not every process can read, and for
+  files that cannot be written, or whose writing would destroy the input (read
+  from stdin too) or another output: --output (written as OUTPUT.partial first)
+  and --plot_attention, through symlinks."""
   if input_path != "-" and not os.path.exists(input_path):
     raise FileNotFoundError(f"input {input_path!r} does not exist")
+  if input_path == "-" and jax.process_count() > 1:
+    raise ValueError("--input -: every process of a multi-process job reads the input, and a "
+                     "scheduler gives stdin to process 0 alone; give a file they all can read")
   outputs = [] if output_path == "-" else [output_path, output_path + files.PARTIAL_SUFFIX]
   if plot_attention and os.path.realpath(plot_attention) in map(os.path.realpath, outputs):
     raise ValueError(f"--plot_attention {plot_attention!r} is the --output file")
