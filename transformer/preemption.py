@@ -19,6 +19,10 @@ SIGTERM notifier, which tells every process of the job, and
 `reached_preemption_sync_point` names one step, after the newest any process
 has reached, at which all of them save and stop. A SIGTERM to one process is
 enough; a SIGINT is passed to the service as a SIGTERM to the same process.
+There the notifier keeps SIGTERM: a second one is dropped, while a second
+SIGINT (or SIGKILL, which a scheduler sends after its grace period) stops the
+process at once. Other commands join without the service
+(distributed.maybe_initialize), so SIGTERM ends them as usual.
 """
 
 import os
