@@ -85,6 +85,19 @@ def test_run_samples_into_a_file_and_plots_attention(workdir, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["att.png", "in.txt", "out.txt"]
 
 
+def test_sampling_flags_without_sampling_are_warned_of_and_blank_lines_plot_nothing(
+    workdir, tmp_path, capsys):
+  src = tmp_path / "in.txt"
+  src.write_text(LINES[0] + "\n")
+  translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy", seed=5)
+  assert ("--seed and --temperature act in --mode sample only; --mode greedy ignores them"
+          in capsys.readouterr().err)
+  src.write_text(" \n\t\n")
+  with pytest.raises(ValueError, match="every input line is empty or encodes to no tokens"):
+    translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy",
+                  plot_attention=str(tmp_path / "a.png"))
+
+
 def test_run_reads_stdin_and_writes_stdout(workdir, monkeypatch, capsys):
   stdin = io.TextIOWrapper(io.BytesIO("walk twice\n\njump\nlook left\nrun\n".encode()))
   monkeypatch.setattr(sys, "stdin", stdin)

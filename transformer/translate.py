@@ -194,6 +194,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   if not 0 <= seed < 2**32:  # JAX's keys keep 32 bits: seed and seed + 2^32 would agree.
     raise ValueError(f"seed must be in [0, 2^32), got {seed}")
   check_paths(input_path, output_path, plot_attention)
+  if mode != "sample" and (seed != 0 or temperature != 1.0) and jax.process_index() == 0:
+    print(f"translate: warning: --seed and --temperature act in --mode sample only; "
+          f"--mode {mode} ignores them", file=sys.stderr)
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
       mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact),
@@ -236,7 +239,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     print(overlong.summary(count), file=sys.stderr)
   if plot_attention:
     if first is None:
-      raise ValueError("nothing to plot: every input line is empty")
+      raise ValueError("nothing to plot: every input line is empty or encodes to no tokens")
     src, out = first
     weights = plots.cross_attention_weights(restored.model, restored.params, src, out, layer)
     plots.plot_attention(weights, token_labels(restored.tokenizer, src),
