@@ -97,7 +97,9 @@ def get_config():
   config.decode = decode = ml_collections.ConfigDict()
   decode.beam_size = 4  # Beam width (6.1).
   decode.alpha = 0.6  # GNMT length penalty exponent (6.1).
-  decode.max_extra_len = 50  # Output length limit = input length + 50 (6.1).
+  # Output length limit = input length + 50 (6.1), and at most model.max_len (the
+  # decoder's positions): a source over max_len - 50 tokens gets less.
+  decode.max_extra_len = 50
   # Source tokens per decoding batch; 0 = data.tokens_per_batch. A batch runs until
   # its slowest sentence is done and beams multiply its rows, so on a CPU small
   # batches are faster (Multi30k beam 4: 512 tokens 1.5x faster than 4096).

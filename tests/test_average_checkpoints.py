@@ -85,6 +85,11 @@ def test_too_few_checkpoints_or_no_workdir_is_named(workdir, tmp_path):
     average_checkpoints(path, last=0)
   with pytest.raises(FileNotFoundError, match="does not exist"):
     average_checkpoints(str(tmp_path / "nowhere"))
+  # By default, the checkpoints training keeps (the paper: 5 for base, 20 for big).
+  keep = workdir_lib.load_config(path).train.keep_checkpoints
+  assert keep > 2
+  with pytest.raises(ValueError, match=rf"last {keep} checkpoints, but .* has 2"):
+    average_checkpoints(path)
 
 
 def test_mean_params_keeps_dtypes_and_sums_in_float32():

@@ -32,8 +32,12 @@ def test_base_and_big_parameter_counts_match_the_paper():
   n_base, n_big = count(base.get_config()), count(big.get_config())
   assert n_base == expected_count(base.get_config()) == 63_045_632
   assert n_big == expected_count(big.get_config()) == 214_171_648
-  assert 63e6 * 0.98 <= n_base <= 65e6 * 1.02
-  assert abs(n_big - 213e6) / 213e6 <= 0.02
+  # The paper gives its vocabulary as "about 37000 tokens": at 37,000 ids base is
+  # 3.0% below its 65M and big 0.6% above its 213M. No one size fits both (base
+  # needs ~41k ids, big ~36k); Table 3's differences between rows match
+  # (tests/test_sweep.py, the table3 rows' parameter counts).
+  assert abs(n_base - 65e6) / 65e6 <= 0.031
+  assert abs(n_big - 213e6) / 213e6 <= 0.006
   biased = base.get_config()
   biased.model.attention_bias = True  # 4 D more per attention, 18 attentions.
   assert count(biased) == expected_count(biased) == 63_045_632 + 18 * 4 * 512

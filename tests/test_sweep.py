@@ -124,12 +124,19 @@ def test_table3_scales_with_its_base():
       "C-dff2048": ["model.d_ff=2048"], "D-drop0": ["model.dropout=0.0"],
       "D-drop0.4": ["model.dropout=0.4"], "D-ls0": ["train.label_smoothing=0.0"],
       "D-ls0.2": ["train.label_smoothing=0.2"], "E-learned": ["model.positional=learned"],
+      "big": ["model.d_model=512", "model.d_ff=2048", "model.num_heads=8", "model.dropout=0.6",
+              "train.num_steps=3900"],
       "score-dot": ["model.attention_score=dot"],
       "score-additive": ["model.attention_score=additive"],
       "score-general": ["model.attention_score=general"]}
   # On the paper's base the rows are the paper's: h = 1, 4, 16, 32, N = 2, 4, 8, ...
-  paper = {v.name for v in sweep_lib.resolve(path, base=os.path.join(ROOT, "configs",
-                                                                        "base.py")).variants}
+  on_base = sweep_lib.resolve(path, base=os.path.join(ROOT, "configs", "base.py"))
+  paper = {v.name for v in on_base.variants}
+  big = next(v for v in on_base.variants if v.name == "big")  # configs/big.py's model and steps.
+  big_py = changed(config_lib.load_file(os.path.join(ROOT, "configs", "big.py")),
+                   on_base.variants[0].config)
+  assert changed(big.config, on_base.variants[0].config) == {
+      k: v for k, v in big_py.items() if k not in ("train.checkpoint_every", "train.keep_checkpoints")}
   assert {"A-h1", "A-h4", "A-h16", "A-h32", "B-dk16", "B-dk32", "C-N2", "C-N4", "C-N8", "C-dmodel256",
           "C-dmodel1024", "C-dff1024", "C-dff4096", "D-drop0", "D-drop0.2", "D-ls0",
           "D-ls0.2", "E-learned"} < paper

@@ -1,7 +1,7 @@
 """Averages the parameters of the last N checkpoints (section 6.1: base models
 average the last 5 checkpoints, big models the last 20).
 
-  python -m transformer.average_checkpoints --workdir DIR --last 5
+  python -m transformer.average_checkpoints --workdir DIR [--last N]   # default: train.keep_checkpoints
 
 Writes a full training state to DIR/checkpoints_averaged/<newest step>/: the
 averaged parameters with the newest checkpoint's step, optimizer state, rng and
@@ -74,13 +74,17 @@ def _recover(final):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def average_checkpoints(workdir, last=5, mesh=None):
+def average_checkpoints(workdir, last=None, mesh=None):
   """Averages the newest `last` checkpoints of workdir/checkpoints into
-  workdir/checkpoints_averaged; returns (step written, steps averaged)."""
-  if last < 1:
+  workdir/checkpoints_averaged; returns (step written, steps averaged). `last`
+  defaults to the checkpoints training keeps (train.keep_checkpoints: 5 for
+  base, 20 for big, as the paper averaged)."""
+  if last is not None and last < 1:
     raise ValueError(f"last must be >= 1, got {last}")
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  if last is None:
+    last = workdir_lib.load_config(workdir).train.keep_checkpoints
   # It writes the workdir, so it takes the writer's lock: never beside a training.
   with lock.hold(workdir, "average_checkpoints", primary=jax.process_index() == 0):
     return _average(workdir, last, mesh)
@@ -145,6 +149,7 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
-  flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average "
-                       "(the paper: 5 for base, 20 for big).", lower_bound=1)
+  flags.DEFINE_integer("last", None, "How many of the newest checkpoints to average; "
+                       "default the workdir's train.keep_checkpoints (the paper: 5 for base, "
+                       "20 for big).", lower_bound=1)
   app.run(main)

@@ -1,4 +1,5 @@
-"""Table 3 of the paper (variations on the base model), scaled to the base config.
+"""Table 3 of the paper (variations on the base model, and the big model), scaled
+to the base config.
 
   python -m transformer.sweep --sweep configs/sweeps/table3.py --list
   python -m transformer.sweep --sweep configs/sweeps/table3.py --workdir runs/table3 \
@@ -54,6 +55,13 @@ def get_sweep(base):
       *each("D-ls{:g}", "train.label_smoothing", _rates(train.label_smoothing, [0, 2])),
       # (E) Learned positional embeddings instead of sinusoids (3.5).
       ("E-learned", {"model.positional": "learned"}),
+      # (big) N = 6, d_model = 1024, d_ff = 4096, h = 16, P_drop = 0.3, 300K steps at
+      # the base's 512, 2048, 8, 0.1 and 100K (Table 3's last row; configs/big.py's
+      # model and steps; checkpoints keep the base's cadence).
+      ("big", {"model.d_model": 2 * model.d_model, "model.d_ff": 2 * model.d_ff,
+               "model.num_heads": 2 * model.num_heads,
+               "model.dropout": round(3 * model.dropout, 4),
+               "train.num_steps": 3 * train.num_steps}),
       # Attention scoring functions in place of scaled dot-product (3.2.1): dot
       # (no 1/sqrt(d_k)), additive (Bahdanau) and general (Luong's x W y).
       *each("score-{}", "model.attention_score", ["dot", "additive", "general"]),
