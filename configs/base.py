@@ -58,7 +58,9 @@ def get_config():
   data.max_length = 256  # Longest example in tokens (eos included).
   data.overlong = "drop"  # Examples over max_length: drop | truncate.
   data.batching = "bucket"  # bucket: group by length (5.1) | pack: rows with segment ids.
-  data.tokens_per_batch = 25000  # About 25k source and 25k target tokens a batch (5.1).
+  # About 25k source and 25k target tokens a batch (5.1): slots, padding included, so
+  # the real tokens are somewhat fewer (bucketing keeps padding small).
+  data.tokens_per_batch = 25000
   data.pack_length = 256  # Row length when batching = pack.
   data.pack_source_length = 0  # Source row length when packing; 0 = pack_length.
   data.prefetch = 2  # Batches prepared ahead in a background thread.
@@ -90,7 +92,8 @@ def get_config():
   train.decode_examples = 1000  # Sentences decoded then; 0 = the whole split.
   train.decode_mode = "greedy"  # Search used then (greedy is faster; beam as in 6.1).
   # The paper wrote a checkpoint every 10 minutes and averaged the last 5 (base, 6.1);
-  # at its 0.4 s a base step (5.2) that is every 1,500 steps, a 6k-step window.
+  # at its 0.4 s a base step (5.2) that is every 1,500 steps: 6k steps from the first
+  # averaged checkpoint to the last (7.5k counting the interval before the first).
   train.checkpoint_every = 1500
   train.keep_checkpoints = 5  # Checkpoints kept: the last 5 are averaged (6.1).
 

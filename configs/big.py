@@ -14,7 +14,8 @@ def get_config():
   config.model.dropout = 0.3  # Table 3, big (EN-DE; EN-FR used 0.1).
   config.train.num_steps = 300_000  # Section 5.2.
   # Every 10 minutes at the paper's 1.0 s a big step (5.2), the last 20 averaged (6.1):
-  # a checkpoint every 600 steps, a 11.4k-step window.
+  # a checkpoint every 600 steps, 11.4k steps from the first averaged
+  # checkpoint to the last (12k counting the interval before the first).
   config.train.checkpoint_every = 600
   config.train.keep_checkpoints = 20
   return config
