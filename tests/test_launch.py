@@ -4,6 +4,7 @@ and prefixed output, and a failed job ended and reported, not left running.
 
 import io
 import os
+import socket
 import subprocess
 import sys
 
@@ -77,6 +78,20 @@ def test_a_reader_that_quits_does_not_block_the_processes():
                        out=out)
   assert code == 0
   assert "killed" not in out.getvalue()
+
+
+def test_a_port_in_use_is_named_as_the_flag():
+  with socket.socket() as taken:
+    taken.bind(("0.0.0.0", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    out = subprocess.run([sys.executable, "-m", "transformer.launch", "--processes=2",
+                          f"--port={port}", "--", sys.executable, "-c", "pass"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+  assert out.stderr.strip().splitlines()[-1] == (
+      f"launch: error: --port={port} is in use on this host; choose another, or leave --port "
+      "out for a free one")
 
 
 def test_a_job_past_its_time_limit_is_ended():

@@ -151,7 +151,14 @@ def check_coordinator_port(job: Job) -> None:
   if job.coordinator_address is None or job.process_id != 0:
     return
   port = int(job.coordinator_address.rpartition(":")[2])
-  # Bound as JAX's server binds ('[::]', all interfaces; IPv4 where IPv6 is off).
+  if port_in_use(port):
+    raise JoinError(f"{ADDRESS}={job.coordinator_address}: port {port} is in use on this "
+                    "host, where process 0 starts the job's coordinator; choose a free port")
+
+
+def port_in_use(port: int) -> bool:
+  """Whether binding `port` as JAX's coordinator binds it ('[::]', all
+  interfaces; IPv4 where IPv6 is off) fails because it is taken."""
   for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
     try:
       probe = socket.socket(family, socket.SOCK_STREAM)
@@ -163,11 +170,10 @@ def check_coordinator_port(job: Job) -> None:
         probe.bind((host, port))
       except OSError as e:
         if e.errno == errno.EADDRINUSE:
-          raise JoinError(f"{ADDRESS}={job.coordinator_address}: port {port} is in use on "
-                          "this host, where process 0 starts the job's coordinator; choose "
-                          "a free port") from None
+          return True
         continue
-      return
+      return False
+  return False
 
 
 def timeouts(settings=None) -> dict:

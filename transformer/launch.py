@@ -115,6 +115,9 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
   SIGKILL."""
   if processes < 1:
     raise ValueError(f"--processes={processes} must be >= 1")
+  if port and distributed.port_in_use(port):  # Said here, not as a variable's problem.
+    raise ValueError(f"--port={port} is in use on this host; choose another, or leave "
+                     "--port out for a free one")
   port = port or free_port()
   environ = os.environ if environ is None else environ
   lock = threading.Lock()
@@ -226,8 +229,12 @@ _STOP_GRACE = flags.DEFINE_float("stop_grace_s", 60.0, "Seconds terminated proce
 def main(argv):
   if len(argv) < 2:
     raise app.UsageError("no command: python -m transformer.launch [flags] -- COMMAND ...")
-  sys.exit(launch(argv[1:], _PROCESSES.value, _DEVICES.value, _PORT.value, _GRACE.value,
-                  _TIMEOUT.value, stop_grace_s=_STOP_GRACE.value))
+  try:
+    code = launch(argv[1:], _PROCESSES.value, _DEVICES.value, _PORT.value, _GRACE.value,
+                  _TIMEOUT.value, stop_grace_s=_STOP_GRACE.value)
+  except ValueError as e:  # A bad flag: one line, not a traceback.
+    sys.exit(f"launch: error: {e}")
+  sys.exit(code)
 
 
 if __name__ == "__main__":
