@@ -364,9 +364,10 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   that runs every item to its max_len. With K = 1 and alpha = 0 this is greedy
   search; with alpha > 0 the single beam may run past an EOS greedy stops at.
   PAD, BOS and NaN logits count as -inf (`allowed`): they are never chosen, and
-  the log-softmax normalizes over the other tokens. With best_only, only row 0 of each item is wanted: an item also stops once
-  its best finished hypothesis beats that bound, even with empty finished
-  slots (row 0 is then final; the other rows may not be the K best).
+  the log-softmax normalizes over the other tokens. With best_only, only row 0
+  of each item is wanted: an item also stops once its best finished hypothesis
+  beats that bound, even with empty finished slots (row 0 is then final; the
+  other rows may not be the K best).
   Output: finished hypotheses (ending in EOS, PAD after) sorted by score, then,
   to fill the K rows, alive ones (no EOS, score = logp / lp(their length)):
   an item with nothing finished returns its alive beams.
@@ -404,9 +405,10 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     active_B = ~done_B
     logits_NxV, cache = logits_fn(s.last.reshape(B * K, 1), s.cache, t)
     V = logits_NxV.shape[-1]
-    # A NaN logit is a token never chosen, not a NaN row. The select also keeps
-    # XLA's CPU backend from fusing the log-softmax's reductions into the logits
-    # product, where they ran ~4x slower than apart (benchmarks/README.md).
+    # PAD, BOS and a NaN logit are tokens never chosen (a NaN makes no NaN row).
+    # The select also keeps XLA's CPU backend from fusing the log-softmax's
+    # reductions into the logits product, where they ran ~4x slower than apart
+    # (benchmarks/README.md).
     logits_NxV = allowed(logits_NxV, bos_id, eos_id)
     # 2K candidates guarantee K that do not end in EOS.
     cand_logp_Bx2K, cand_idx_Bx2K = top_log_probs(logits_NxV.reshape(B, K, V), s.live_logp, 2 * K)
