@@ -8,7 +8,8 @@ workdir's config. Every run decodes the whole split once per variant, in turn, s
 the variants share the machine's state; the first run compiles each variant
 (reported apart), the later ones time decoding alone. The outputs of every variant
 must equal the first variant's: a setting meant as a pure speed-up that changes a
-hypothesis fails here.
+hypothesis fails here, unless --allow_changes, which counts them instead (in
+bfloat16, batches of other shapes round differently and can move near-ties).
 """
 
 import argparse
@@ -62,6 +63,8 @@ def main():
   parser.add_argument("--runs", type=int, default=3)
   parser.add_argument("--limit", type=int, default=None, help="the first N sentences only")
   parser.add_argument("--json", default=None)
+  parser.add_argument("--allow_changes", action="store_true",
+                      help="count outputs that differ from the first variant's, not fail")
   args = parser.parse_args()
   # Orbax's read-only notice and INFO lines, as evaluate drops them; no compilation
   # cache, so that every run's compile time is measured.
@@ -78,6 +81,7 @@ def main():
   restored = workdir_lib.restore(args.workdir, args.checkpoint)
   variants = {text: with_decode(config, parse_variant(text)) for text in args.variant}
   timings = {text: [] for text in variants}
+  changes = {text: 0 for text in variants}
   reference = None
   for _ in range(args.runs):
     for text, variant_config in variants.items():
@@ -89,8 +93,9 @@ def main():
       if reference is None:
         reference = ids
       elif ids != reference:
-        changed = sum(a != b for a, b in zip(ids, reference))
-        raise SystemExit(f"variant {text!r} changed {changed} of {len(ids)} outputs")
+        changes[text] = sum(a != b for a, b in zip(ids, reference))
+        if not args.allow_changes:
+          raise SystemExit(f"variant {text!r} changed {changes[text]} of {len(ids)} outputs")
       timings[text].append(got)
       print(f"{text}: {len(ids) / got['decode_seconds']:.1f} sentences/s "
             f"(compile {got['compile_seconds']:.1f} s)", flush=True)
@@ -101,9 +106,13 @@ def main():
     rates = [n / t["decode_seconds"] for t in runs]
     rows.append({"variant": text, "sentences_per_second": rates,
                  "median": statistics.median(rates),
-                 "compile_seconds": runs[0]["compile_seconds"]})
+                 "compile_seconds": runs[0]["compile_seconds"],
+                 "changed_outputs": changes[text]})
   base = rows[0]["median"]
-  print(f"\n{split}, {n} sentences, {args.mode}, {args.runs} runs; outputs identical")
+  print(f"\n{split}, {n} sentences, {args.mode}, {args.runs} runs; "
+        + ("outputs identical" if not any(changes.values()) else
+           "outputs changed from the first variant's: " + ", ".join(
+               f"{t}: {c}" for t, c in changes.items() if c)))
   print("| variant | sentences/s (each run) | median | vs first | compile s (run 1) |")
   print("|---|---|---:|---:|---:|")
   for row in rows:
