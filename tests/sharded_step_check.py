@@ -63,7 +63,7 @@ def train(devices, fsdp, spec="data=-1,model=1"):
   return model, state, metrics, split
 
 
-def decode_all(model, params, config, mesh, concurrent_batches=None):
+def decode_all(model, params, config, mesh, concurrent_batches=None, modes=("greedy", "beam")):
   rng = np.random.default_rng(1)
   # 21 sources of 2-8 tokens: three batches of 8 rows of width 8 (one compilation
   # a mode and mesh; the padding rows are split over the devices too), decoded
@@ -72,8 +72,9 @@ def decode_all(model, params, config, mesh, concurrent_batches=None):
               for n in rng.integers(2, 9, size=21)]
   return {mode: [ids.tolist() for ids in inference.decode_ids(
       model, params, examples, config, mesh, mode=mode, beam_size=3, max_extra_len=6,
-      tokens_per_batch=64, concurrent_batches=concurrent_batches)]
-          for mode in ("greedy", "beam")}
+      tokens_per_batch=64, concurrent_batches=concurrent_batches,
+      refill=config.decode.get("refill", 0))]
+          for mode in modes}
 
 
 def main():
@@ -103,8 +104,11 @@ def main():
     _, _, _, shardings, _ = state_lib.build(config, 24, mesh)
     params = jax.device_put(jax.device_get(single.params), shardings.params)
     assert decode_all(model, params, config, mesh) == one, spec
+  # Refilling beam search: the rows restart items from a pool split over the devices.
+  config.decode.refill = 3
+  assert decode_all(model, params, config, mesh, modes=("beam",))["beam"] == one["beam"], spec
   print("decoding with FSDP- and tensor-parallel-sharded parameters, two batches at a "
-        "time == single-device, one at a time: greedy, beam")
+        "time == single-device, one at a time: greedy, beam, beam with refill")
 
 
 if __name__ == "__main__":

@@ -124,12 +124,29 @@ def test_bad_model_values_name_the_field(field, value, message):
     ("decode.tokens_per_batch", -1), ("distributed.heartbeat_timeout_s", 0),
     ("distributed.initialization_timeout_s", -5), ("decode.concurrent_batches", 0),
     ("data.vocab_size", 4),  # The special ids alone.
+    ("decode.refill", -1),
 ])
 def test_bad_other_values_name_the_field(field, value):
   config = default.get_config()
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(ValueError, match=re.escape(f"config.{field}=")):
+    check_config(config)
+
+
+def test_refill_is_refused_with_compact_and_for_the_rnn():
+  """Refilling beam search replaces compaction rather than adds to it, and needs a
+  model whose decoding rows can restart (the Transformer's)."""
+  config = default.get_config()
+  config.decode.refill = 8
+  check_config(config)
+  config.decode.compact = 2
+  with pytest.raises(ValueError, match=re.escape("config.decode.refill=8: decode.compact=2 is "
+                                                 "also set")):
+    check_config(config)
+  config.decode.compact = 0
+  config.model.architecture = "rnn"
+  with pytest.raises(ValueError, match=re.escape("config.decode.refill=8: needs a Transformer")):
     check_config(config)
 
 

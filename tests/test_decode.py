@@ -5,6 +5,7 @@ import itertools
 
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 import numpy as np
 import pytest
 
@@ -89,7 +90,7 @@ FAST = dict(compiler_options={'xla_backend_optimization_level': 0})
 # eos_id is traced: pass it always (an omitted default would be another compilation).
 decode_jit = jax.jit(decode.encode_and_decode, **FAST,
                      static_argnames=('model', 'mode', 'beam_size', 'max_extra_len', 'top_k',
-                                      'compact'))
+                                      'compact', 'refill'))
 
 
 @functools.lru_cache(maxsize=None)
@@ -317,16 +318,85 @@ def test_model_compacting_beam_search_changes_nothing():
   """Beam search that drops finished items' rows from the batch (compact) decodes
   what the full batch decodes: the context is gathered with the cache. The row
   limits (source length + 2: 3 to 8 steps) stop 5 of the 8 items by step 5, so the
-  batch halves twice even if no item emits EOS. Both decode what beam search over
-  reordered keys and values (track_beams=False) decodes."""
+  batch halves twice even if no item emits EOS (with EOS 8 this model's outputs
+  end unevenly; with M_EOS every one would end at its first token). Both decode
+  what beam search over reordered keys and values (track_beams=False) decodes."""
   model, params = tiny_model()
   inputs_BxS = jnp.asarray(sources([1, 6, 2, 5, 1, 3, 2, 4], 6, seed=3))
   kw = dict(params=params, inputs_BxS=inputs_BxS, mode='beam', beam_size=3,
-            max_extra_len=2, eos_id=M_EOS)
+            max_extra_len=2, eos_id=8)
   full = np.asarray(decode_jit(model=model, **kw))
+  assert len(set((full != 0).sum(1))) > 2, full
   np.testing.assert_array_equal(np.asarray(decode_jit(model=model, compact=2, **kw)), full)
   reordered = tiny_model(track_beams=False)[0]
   np.testing.assert_array_equal(np.asarray(decode_jit(model=reordered, **kw)), full)
+
+
+
+@pytest.mark.parametrize('score', ['scaled_dot', 'additive'])
+def test_model_refilling_beam_search_changes_nothing(score):
+  """Beam search whose rows take the next sentence as soon as theirs stops
+  (refill = m: the batch through the rows of ceil(B / m) items) decodes what the
+  whole batch decodes at once: each restarted item's positions count from its
+  own first step, its keys go round a cache of the longest output's length, and
+  its emptied lineage hides the keys the row's previous item left there. The
+  limits (source length + 2) stop items unevenly; an all-PAD row emits nothing."""
+  model, params = tiny_model(score)
+  lengths = [1, 6, 2, 5, 1, 3, 2, 4, 6, 1, 0, 3]
+  inputs_BxS = jnp.asarray(sources(lengths, 6, seed=5))
+  kw = dict(params=params, inputs_BxS=inputs_BxS, mode='beam', beam_size=3)
+  # EOS 8: this model's outputs end after 1 to 16 tokens; M_V: never, at the limits.
+  for eos_id, extra in ((8, EXTRA), (8, 2), (M_V, 5)):
+    full = np.asarray(decode_jit(model=model, max_extra_len=extra, eos_id=eos_id, **kw))
+    lengths_out = (full != 0).sum(1)
+    assert len(set(lengths_out)) > 3, lengths_out  # Items stop unevenly.
+    for refill in (1, 3, 12):
+      np.testing.assert_array_equal(np.asarray(decode_jit(
+          model=model, max_extra_len=extra, eos_id=eos_id, refill=refill, **kw)), full)
+    assert not full[lengths.index(0)].any()
+  with pytest.raises(NotImplementedError, match='lineage'):
+    decode_jit(model=tiny_model(track_beams=False)[0], max_extra_len=2, eos_id=8, refill=2,
+               **kw)
+  with pytest.raises(ValueError, match='compact .* and refill'):
+    decode_jit(model=model, max_extra_len=2, eos_id=8, refill=2, compact=1, **kw)
+  with pytest.raises(ValueError, match='ToyDecoding cannot restart decoding rows'):
+    decode.encode_and_decode(ToyDecoding(), None, inputs_BxS, mode='beam', beam_size=2,
+                             refill=2)
+
+
+
+@pytest.mark.parametrize('t, old, new', [(3, 5, 9), (23, 5, 9), (23, 9, 5), (7, 9, 5)])
+def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new):
+  """TransformerDecoding.ring (refilling beam search's cache, step t in slot
+  t mod length): the keys, values and lineage of the last min(old, new) steps
+  written before step t move to their slots in the new ring; the other slots
+  are empty. Each slot's entries here are the step that wrote them, plus 1."""
+  model, params = tiny_model()
+  inputs_BxS = jnp.asarray(sources([3, 2], 4))
+  _, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, old)
+  cache = model.beams(jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, 2, axis=0),
+                                   cache), 2)
+  flat = traverse_util.flatten_dict(cache)
+
+  def held(length, first):  # Slot s holds the last step before t that is s mod length.
+    written = t - 1 - (t - 1 - np.arange(length)) % length
+    return np.where(written >= first, written + 1, 0)
+
+  def filled(path, x, stamps):
+    axis = 3 if path[-1] == 'cached_key' and attention.beam_keys_transposed(x.dtype) else 2
+    shape = [len(stamps) if a == axis else 1 for a in range(x.ndim)]
+    return axis, np.broadcast_to(stamps.reshape(shape), x.shape)
+
+  steps = ('cached_key', 'cached_value', 'lineage')
+  flat = {k: (jnp.asarray(filled(k, v, held(old, 0))[1], v.dtype) if k[-1] in steps else v)
+          for k, v in flat.items()}
+  flat[('decoder', 'step')] = jnp.int32(t)
+  got = traverse_util.flatten_dict(model.ring(traverse_util.unflatten_dict(flat), new))
+  for k, v in got.items():
+    if k[-1] in steps:
+      axis, want = filled(k, v, held(new, max(t - old, 0)))
+      assert v.shape[axis] == new
+      np.testing.assert_array_equal(np.asarray(v), want.astype(v.dtype), err_msg=str(k))
 
 
 def test_model_all_pad_rows_emit_nothing():

@@ -257,21 +257,24 @@ def test_a_second_run_of_the_same_evaluation_stops_and_leaves_the_first_alone(wo
   assert not os.path.exists(stem + ".txt.partial")
 
 
-def test_decode_ab_compares_compaction_with_the_same_outputs(workdir, tmp_path, monkeypatch,
-                                                             capsys):
-  """benchmarks.decode_ab: two config.decode variants on a workdir, interleaved,
-  their outputs compared (compaction must not change one), one table row each."""
+def test_decode_ab_compares_compaction_and_refill_with_the_same_outputs(
+    workdir, tmp_path, monkeypatch, capsys):
+  """benchmarks.decode_ab: config.decode variants on a workdir, interleaved, their
+  outputs compared (compaction and refill must not change one), one table row each."""
   from benchmarks import decode_ab  # pylint: disable=import-outside-toplevel
   out = tmp_path / "ab.json"
   monkeypatch.setattr(sys, "argv", [
       "decode_ab", "--workdir", workdir, "--split", "test", "--limit", "24", "--runs", "2",
       "--variant", "compact=0", "--variant", "compact=1,tokens_per_batch=128",
-      "--json", str(out)])
+      "--variant", "refill=3", "--json", str(out)])
   decode_ab.main()
-  table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| compact")]
-  assert len(table) == 2 and table[0].split("|")[4].strip() == "1.00x"
+  printed = capsys.readouterr().out
+  assert "outputs identical" in printed
+  table = [line for line in printed.splitlines() if line.startswith(("| compact", "| refill"))]
+  assert len(table) == 3 and table[0].split("|")[4].strip() == "1.00x"
   rows = json.loads(out.read_text())["rows"]
-  assert [len(r["sentences_per_second"]) for r in rows] == [2, 2]
+  assert [len(r["sentences_per_second"]) for r in rows] == [2, 2, 2]
+  assert [r["changed_outputs"] for r in rows] == [0, 0, 0]
   assert decode_ab.parse_variant("compact=2,x=a") == {"compact": 2, "x": "a"}
   with pytest.raises(ValueError, match="not name=value"):
     decode_ab.parse_variant("compact")

@@ -149,6 +149,7 @@ POSITIVE_INTS = ("data.vocab_size", "data.max_length", "data.tokens_per_batch",
                  "distributed.heartbeat_timeout_s", "distributed.shutdown_timeout_s")
 NON_NEGATIVE_INTS = ("seed", "data.pack_source_length", "data.prefetch",
                      "decode.tokens_per_batch", "decode.max_extra_len", "decode.compact",
+                     "decode.refill",
                      "train.decode_every",
                      "train.decode_examples", "model.d_k")
 UNIT_FLOATS = ("train.label_smoothing", "optim.adam_b1", "optim.adam_b2", "model.dropout",

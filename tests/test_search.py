@@ -374,6 +374,69 @@ def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
         assert rows[0] > rows[1] > rows[2], rows
 
 
+
+def test_refilling_beam_search_equals_the_pool_as_one_batch_in_fewer_steps():
+  """With refill, B slots work through a pool of P items, each slot starting the
+  next item as soon as its own stops: item for item the best hypotheses and
+  scores are those of beam search over the pool as one batch (per-item steps
+  and limits, EOS and the early stop, and slots left empty at the end), and the
+  loop runs about the pool's item-steps / B steps, far fewer than the slots'
+  batches run one after the other."""
+  L = 7
+  steps_run = []
+
+  def logits_fn(table):
+    def fn(ids_Nx1, cache, step):  # Each row counts its own steps ('i').
+      jax.debug.callback(lambda: steps_run.append(1))
+      h_Nx1 = (cache['h'] * 7 + ids_Nx1 + 1) % H
+      return table[cache['i'], h_Nx1[:, 0]], {'h': h_Nx1, 'i': cache['i'] + 1}
+    return fn
+
+  def cache(items, K):
+    return {'h': jnp.repeat(jnp.asarray(items, jnp.int32)[:, None], K, axis=0),
+            'i': jnp.zeros((len(items) * K,), jnp.int32)}
+
+  @functools.partial(jax.jit, static_argnames=('B', 'K', 'refill'))
+  def run(table, max_len_P, B, K, refill):
+    kw = dict(beam_size=K, alpha=0.6, max_len=max_len_P, out_len=L, bos_id=BOS,
+              eos_id=EOS, best_only=True)
+    if not refill:
+      return search.beam_search(logits_fn(table), cache(range(B), K), batch_size=B, **kw)
+
+    def restart(c, slot, item):  # The slot's K rows: the item's start hash, step 0.
+      rows = lambda x, v: jax.lax.dynamic_update_slice(x, jnp.full((K,) + x.shape[1:], v, x.dtype),
+                                                      (slot * K,) + (0,) * (x.ndim - 1))
+      return {'h': rows(c['h'], item), 'i': rows(c['i'], 0)}
+    return search.beam_search(logits_fn(table), cache(range(B), K), batch_size=B,
+                              refill=restart, **kw)
+
+  for seed in range(2):
+    r = np.random.RandomState(300 + seed)
+    table_TxHxV = (2.0 * r.randn(L, H, V)).astype(np.float32)
+    table_TxHxV[..., PAD] = -np.inf
+    table_TxHxV[..., EOS] += r.uniform(-1.0, 2.0)
+    table = jnp.asarray(table_TxHxV)
+    P = 30
+    max_len_P = r.randint(0, L + 1, size=P)  # 0: a padding row, which emits nothing.
+    for K in (2, 3):
+      want_ids, want_scores = run(table, jnp.asarray(max_len_P, jnp.int32), B=P, K=K,
+                                  refill=False)
+      for B in (1, 4, 7):
+        steps_run.clear()
+        ids, scores = jax.block_until_ready(
+            run(table, jnp.asarray(max_len_P, jnp.int32), B=B, K=K, refill=True))
+        jax.effects_barrier()
+        np.testing.assert_array_equal(ids[:, 0], want_ids[:, 0])
+        np.testing.assert_array_equal(scores[:, 0], want_scores[:, 0])
+        # Each item searches at most max_len steps: the slots are rarely idle.
+        item_steps = int(max_len_P.sum())
+        assert len(steps_run) <= item_steps // B + 2 * L, (B, len(steps_run))
+        if B == 1:  # One slot: one step per item-step, at most.
+          assert len(steps_run) <= item_steps
+      for row in np.asarray(ids[:, 0]):
+        check_well_formed(row)
+
+
 def test_no_search_chooses_pad_bos_or_a_nan_logit():
   """PAD, BOS and a NaN logit count as -inf in every search, though here they
   are each step's largest (NaN wins numpy's argmax): the rest of the row decodes

@@ -242,6 +242,13 @@ def check_config(config) -> None:
   check(config.decode.alpha >= 0, "decode.alpha", "must be >= 0")
   check(config.decode.get("max_extra_len", 0) >= 0, "decode.max_extra_len", "must be >= 0")
   check(config.decode.get("compact", 0) >= 0, "decode.compact", "must be >= 0 (0 = off)")
+  check(config.decode.get("refill", 0) >= 0, "decode.refill", "must be >= 0 (0 = off)")
+  check(not (config.decode.get("refill", 0) and config.decode.get("compact", 0)),
+        "decode.refill", f"decode.compact={config.decode.get('compact', 0)!r} is also set, "
+        "another way to skip finished sentences; set one of them to 0")
+  check(not (config.decode.get("refill", 0) and config.model.get("architecture") == "rnn"),
+        "decode.refill", "needs a Transformer (the RNN's decoding cannot restart rows); "
+        "set it to 0")
   check(config.decode.get("concurrent_batches", 1) >= 1, "decode.concurrent_batches",
         "must be >= 1")
   check(config.data.get("prefetch", 0) >= 0, "data.prefetch", "must be >= 0 (0 = off)")

@@ -16,16 +16,19 @@ Array = jax.Array
 
 
 def check_settings(mode, beam_size=4, alpha=0.6, max_extra_len=50, compact=0,
-                   temperature=1.0, top_k=0):
+                   temperature=1.0, top_k=0, refill=0):
   """A ValueError naming the first search setting out of range. Values that are
   traced (alpha, temperature under jit) are not checked."""
   number = lambda x: isinstance(x, (int, float))
   if mode not in DECODE_MODES:
     raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
   for name, value, low in (("beam_size", beam_size, 1), ("max_extra_len", max_extra_len, 0),
-                           ("compact", compact, 0), ("top_k", top_k, 0)):
+                           ("compact", compact, 0), ("top_k", top_k, 0), ("refill", refill, 0)):
     if int(value) < low:
       raise ValueError(f"{name} must be >= {low}, got {value}")
+  if int(compact) and int(refill):
+    raise ValueError(f"compact ({compact}) and refill ({refill}) are two ways to spend "
+                     "fewer steps on finished sentences; set one of them to 0")
   if number(alpha) and not 0 <= alpha < float("inf"):
     raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
   if number(temperature) and not 0 <= temperature < float("inf"):
@@ -42,8 +45,10 @@ class DecodingModel:
   the *cache*, which each step updates (self-attention keys/values, a recurrent
   state). Beam search repeats both for the beams of an item (batch-major rows
   b*K + k), lets the model add to the cache what it tracks of the beams
-  (`beams`), and reorders only the cache. Implementations are hashable (they are
-  static under jit): frozen dataclasses of a Flax module do.
+  (`beams`), and reorders only the cache; a refilling beam search also restarts
+  rows (`restart`) on a cache that is a ring (`ring`), which are optional.
+  Implementations are hashable (they are static under jit): frozen dataclasses
+  of a Flax module do.
   """
   pad_id: int
   bos_id: int
@@ -78,6 +83,19 @@ class DecodingModel:
     """Beam search: row b*K + k of the new cache is row b*K + parent[b, k] of the old."""
     return gather_beams(cache, parent_BxK)
 
+  def restart(self, context: Any, cache: Any, pool: Any, slot: Array, item: Array,
+              beam_size: int) -> Tuple[Any, Any]:
+    """Refilling beam search (`refill`): rows slot*beam_size.. of (context, cache),
+    whose item has stopped, start the search of item `item` of the pool, whose
+    context `pool` holds (one row an item). Optional."""
+    raise NotImplementedError(f"{type(self).__name__} cannot refill beam search rows")
+
+  def ring(self, cache: Any, length: int) -> Any:
+    """Refilling beam search: the cache, whose steps go round it (step t in slot
+    t mod its length), as a ring of `length` steps holding the last ones.
+    Optional, with `restart`."""
+    raise NotImplementedError(f"{type(self).__name__} cannot refill beam search rows")
+
 
 def first_cache_len(source_len: int) -> int:
   """Steps the decoding cache holds before it grows to its full length.
@@ -94,7 +112,8 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
                       mode: str = 'greedy', beam_size: int = 4, alpha: float = 0.6,
                       max_extra_len: int = 50, rng: Optional[Array] = None,
                       temperature: float = 1.0, top_k: int = 0,
-                      eos_id: Optional[int] = None, compact: int = 0) -> Array:
+                      eos_id: Optional[int] = None, compact: int = 0,
+                      refill: int = 0) -> Array:
   """Source ids (PAD on the right) -> output ids_BxL, L = min(S + max_extra_len,
   model.max_len); best beam in 'beam' mode. `model` is a DecodingModel.
 
@@ -105,8 +124,12 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   temperature if 0) static; L, hence the compiled program, depends on the source
   width S. `eos_id` defaults to the model's. `compact` (beam mode, static): how
   many times beam search may halve its batch as items finish (search.beam_search).
+  `refill` = m > 0 (beam mode with beam_size > 1, static): the B sources go
+  through the rows of ceil(B / m) items, each taking the next source as soon as
+  its own stops (search._while_refilling; the model's `restart`). Either way the
+  outputs are those of the whole batch searched at once.
   """
-  check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k)
+  check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k, refill)
   if mode == 'sample' and rng is None:
     raise ValueError("mode='sample' needs rng")
   B, S = inputs_BxS.shape
@@ -116,13 +139,19 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   # running for max_extra_len steps of output no one reads.
   max_len_B = jnp.where(src_len_B > 0, jnp.minimum(src_len_B + max_extra_len, L), 0)
   K = beam_size if mode == 'beam' else 1
+  refill = refill if K > 1 else 0  # The lineage tracks the beams of each row's item.
+  if refill and type(model).restart is DecodingModel.restart:
+    raise ValueError(f"refill={refill}: {type(model).__name__} cannot restart decoding rows "
+                     "(refilling beam search needs a Transformer); set it to 0")
   first_len = min(L, first_cache_len(S))
-  context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS,
-                                    first_len)
-  # Computed once per item, then repeated for the beams (batch-major: row b*K + k).
-  repeat = lambda tree: jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, K, axis=0),
-                                     tree)
-  context, cache = repeat(context), repeat(cache)
+  pool, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS,
+                                 first_len)
+  slots = -(-B // refill) if refill else B
+  # Computed once per item, then repeated for the beams (batch-major: row b*K + k);
+  # a refilling search starts with the pool's first `slots` items.
+  repeat = lambda tree: jax.tree.map(
+      lambda x: x if x.ndim == 0 else jnp.repeat(x[:slots], K, axis=0), tree)
+  context, cache = repeat(pool), repeat(cache)
   if mode == 'beam':
     cache = model.beams(cache, K)
 
@@ -137,17 +166,21 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
     return greedy_search(logits_fn, cache, **kw)
   if mode == 'sample':
     return sample(logits_fn, cache, rng, temperature=temperature, top_k=top_k, **kw)
-  if not compact:
+  if not compact and not refill:
     return beam_search(logits_fn, cache, beam_size=K, alpha=alpha, best_only=True,
                        reorder_fn=model.reorder, **kw)[0][:, 0]
-  # A compacting search drops finished items' rows, so the context travels with
-  # the cache (and is gathered with it) instead of being closed over.
+  # Compacting drops finished items' rows and refilling replaces them, so the
+  # context travels with the cache instead of being closed over.
   def step_both(ids_Nx1, both, step):
     del step
     logits_NxV, new_cache = model.step(params, both[0], both[1], ids_Nx1)
     return logits_NxV, (both[0], new_cache)
 
   kw['grow'] = (first_len, lambda both: (both[0], model.grow(both[1], length=L)))
+  if refill:  # The rows' keys go round a ring of first_len steps, or of L while needed.
+    kw.update(batch_size=slots,
+              grow=(first_len, lambda both, length: (both[0], model.ring(both[1], length))),
+              refill=lambda both, slot, item: model.restart(*both, pool, slot, item, K))
   return beam_search(step_both, (context, cache), beam_size=K, alpha=alpha, best_only=True,
                      reorder_fn=lambda both, parent: (both[0], model.reorder(both[1], parent)),
                      compact=compact, **kw)[0][:, 0]

@@ -3,7 +3,7 @@ exact match for SCAN.
 
   python -m transformer.evaluate --workdir DIR [--split test] [--checkpoint latest|best|averaged|STEP]
       [--mode beam|greedy] [--beam_size 4] [--alpha 0.6] [--max_extra_len 50] [--limit N]
-      [--compact 2] [--concurrent_batches 2]
+      [--compact 2 | --refill 8] [--concurrent_batches 2]
 
 Decoding settings default to config.decode (section 6.1: beam 4, alpha 0.6,
 input length + 50), the split to config.data.test_split. The split's perplexity
@@ -66,7 +66,7 @@ def result_name(split, checkpoint, mode, beam_size, alpha, limit=None, max_extra
 
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
         max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES,
-        compact=None, concurrent_batches=None):
+        compact=None, concurrent_batches=None, refill=None):
   """Restores `workdir`, decodes and scores `split`, writes the JSON; returns (result, path)."""
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
@@ -77,7 +77,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
   split = split or config.data.test_split
-  settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact)
+  settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact, refill)
   decode.check_settings(mode, **settings)
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
   chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit)
@@ -132,6 +132,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
         "beam_size": beam_size if mode == "beam" else None,
         "alpha": alpha if mode == "beam" else None, "max_extra_len": settings["max_extra_len"],
         "compact": settings["compact"] if mode == "beam" else None,
+        "refill": settings["refill"] if mode == "beam" else None,
         "num_sentences": scorer.count, "truncated_sources": truncated["truncated_sources"],
         "truncated_targets": truncated["truncated_targets"],
         "perplexity": loss["perplexity"], "nll": loss["nll"],
@@ -172,6 +173,10 @@ def define_decode_flags(modes, default_mode):
   flags.DEFINE_integer("compact", None, "Beam search: halvings of the batch as sentences "
                        "finish (same outputs; pays on large inputs, each compiles another "
                        "loop); default config.decode.compact.", lower_bound=0)
+  flags.DEFINE_integer("refill", None, "Beam search: batches this many times as large go "
+                       "through the rows of one, each row taking the next sentence when its "
+                       "own stops (same outputs up to bfloat16 rounding); default "
+                       "config.decode.refill.", lower_bound=0)
   flags.DEFINE_integer("concurrent_batches", None, "Batches decoded at once, each from its "
                        "own thread (same outputs); default config.decode.concurrent_batches "
                        "(2 where the config lacks it).", lower_bound=1)
@@ -184,7 +189,7 @@ def main(argv):
   with workdir_lib.command("evaluate", f.workdir):
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
                        f.max_extra_len, f.limit, f.tokens_per_batch, f.chunk_lines, f.compact,
-                       f.concurrent_batches)
+                       f.concurrent_batches, f.refill)
   if jax.process_index() == 0:
     print(json.dumps(result, indent=2, sort_keys=True))
     print(f"wrote {path}")

@@ -23,11 +23,13 @@ CONCURRENT_BATCHES = 2
 
 
 def decode_settings(config, beam_size=None, alpha=None, max_extra_len=None,
-                    compact=None) -> dict:
+                    compact=None, refill=None) -> dict:
   """The search settings given, the experiment's config.decode for those not given."""
-  given = dict(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, compact=compact)
-  # Configs saved before decode.compact existed lack it: off. The other fields are required.
-  saved = {"compact": 0, **config.decode.to_dict()}
+  given = dict(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, compact=compact,
+               refill=refill)
+  # Configs saved before decode.compact or decode.refill existed lack them: off. The
+  # other fields are required.
+  saved = {"compact": 0, "refill": 0, **config.decode.to_dict()}
   return {k: saved[k] if v is None else v for k, v in given.items()}
 
 
@@ -56,13 +58,13 @@ def _compiled(model, params, inputs, rng, mesh, settings):
                   for x in jax.tree.leaves(params)))
   key = (model, mesh, settings, inputs.shape, inputs.sharding, layout)
   if key not in _COMPILED:
-    mode, beam_size, alpha, max_extra_len, temperature, top_k, compact = settings
+    mode, beam_size, alpha, max_extra_len, temperature, top_k, compact, refill = settings
 
     def run(params, inputs_BxS, rng):
       return decode.encode_and_decode(
           state_lib.decoding(model), params, inputs_BxS, mode=mode, beam_size=beam_size,
           alpha=alpha, max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
-          temperature=temperature, top_k=top_k, compact=compact)
+          temperature=temperature, top_k=top_k, compact=compact, refill=refill)
 
     if len(_COMPILED) >= _MAX_COMPILED:
       _COMPILED.clear()
@@ -74,7 +76,7 @@ def _compiled(model, params, inputs, rng, mesh, settings):
 
 def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_size=4,
                alpha=0.6, max_extra_len=50, rng=None, temperature=1.0, top_k=0,
-               tokens_per_batch=None, compact=0, concurrent_batches=None,
+               tokens_per_batch=None, compact=0, refill=0, concurrent_batches=None,
                timings=None):
   """Output ids for the sources of `examples` ((src, tgt) id arrays), in their order.
 
@@ -83,16 +85,20 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   mesh's data axis, and decoded by one compiled program per batch shape. If
   `timings` is a dict it receives compile_seconds, decode_seconds and batches.
   Batch size (source tokens): `tokens_per_batch`, else config.decode's, else
-  config.data's. `compact`: see config.decode.compact (beam search only).
+  config.data's. `compact`, `refill`: see config.decode (beam search only); with
+  refill = m a batch holds m times tokens_per_batch, and goes through the rows of
+  one of tokens_per_batch.
   `concurrent_batches`: batches decoded at once (see batches_at_once); every
   program is compiled before the first batch runs.
   """
   # Checked before any work (each decode checks them again).
-  decode.check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k)
+  decode.check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k,
+                        refill)
   workers = batches_at_once(config, mesh, concurrent_batches)  # A bad value fails first.
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
-              int(top_k), int(compact) if mode == "beam" else 0)
+              int(top_k), int(compact) if mode == "beam" else 0,
+              int(refill) if mode == "beam" else 0)
   # .get: configs saved before the field existed lack it.
   tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
                       or config.data.tokens_per_batch)
@@ -106,6 +112,8 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
   sources = [(examples[i][0], examples[i][0][-1:]) for i in order]
   multiple = sharding.row_multiple(mesh)
+  if settings[-1]:  # Refill: each batch goes through the rows of a batch 1/m its size.
+    tokens_per_batch *= settings[-1]
   for positions, batch in data_lib.eval_batches(sources, tokens_per_batch,
                                                 batch_multiple=multiple,
                                                 max_length=config.data.max_length):

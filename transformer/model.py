@@ -247,9 +247,16 @@ class Decoder(nn.Module):
         positions_BxT = jnp.full(decoder_inputs_BxT.shape, decode_step)
         self_mask = None  # The cache builds its own: keys at positions <= step.
         if self.has_variable("cache", "lineage"):  # Beam search (TransformerDecoding.beams).
-          # Each row writes this step's keys and values into its own slot.
+          # Each row's item began at its own step (`restart`), and its keys and
+          # values go round a cache of the longest output's length, which no
+          # item outlives: position step - start, cache slot step mod length.
+          start_N = self.get_variable("cache", "start")
+          positions_BxT = jnp.broadcast_to((decode_step - start_N)[:, None],
+                                           decoder_inputs_BxT.shape)
           var = self.variable("cache", "lineage")
-          N, J, _ = var.value.shape
+          N, J, length = var.value.shape
+          decode_step = decode_step % length
+          # Each row writes this step's keys and values into its own slot.
           own_NxJx1 = ((jnp.arange(N) % J)[:, None] == jnp.arange(J)[None, :])[:, :, None]
           var.value = jax.lax.dynamic_update_slice(var.value, own_NxJx1, (0, 0, decode_step))
           lineage = var.value
@@ -352,7 +359,8 @@ class TransformerDecoding(ModuleDecoding):
   keys and values stay where they were written, and in float32 the keys as
   [N, H, K, steps] (attention.beam_keys_transposed). track_beams=False reorders the
   keys and values themselves instead, as the RNN's cache is: the reference that
-  the lineage is tested against (tests/test_decode.py).
+  the lineage is tested against (tests/test_decode.py). The lineage also lets a
+  refilling beam search restart rows (`restart`, `ring`).
   """
   model: Transformer
   track_beams: bool = True
@@ -394,7 +402,8 @@ class TransformerDecoding(ModuleDecoding):
     beam search then reorders it instead of the keys and values. The keys and
     values are then held in the compute dtype (where attention.self_cache_dtype
     made them float32, bfloat16 beam search is faster with them 16-bit), the
-    keys as [N, H, K, steps] where attention.beam_keys_transposed says so."""
+    keys as [N, H, K, steps] where attention.beam_keys_transposed says so. With the
+  lineage comes each row's first step, so that rows can restart (`restart`)."""
     if beam_size == 1 or not self.track_beams:
       return cache
     flat = traverse_util.flatten_dict(cache)
@@ -407,7 +416,48 @@ class TransformerDecoding(ModuleDecoding):
       return jnp.swapaxes(x, 2, 3) if path[-1] == "cached_key" and _transposed(x) else x
     flat = {k: held(k, v) for k, v in flat.items()}
     flat[("decoder", "lineage")] = jnp.zeros((N, beam_size, steps), jnp.bool_)
+    flat[("decoder", "start")] = jnp.zeros((N,), jnp.int32)  # The step each row's item began.
     return traverse_util.unflatten_dict(flat)
+
+  def ring(self, cache, length):
+    """Refilling beam search: the self-attention keys, values and lineage as a
+    ring of `length` steps (`Decoder`: step t in slot t mod length) that holds
+    the last min(length, its length now) steps; slots of older steps are empty."""
+    flat = traverse_util.flatten_dict(cache)
+    t = flat[("decoder", "step")]  # The next step; t - 1 was the last written.
+
+    def recut(path, x):
+      if path[-1] not in ("cached_key", "cached_value", "lineage"):
+        return x
+      axis = 3 if path[-1] == "cached_key" and _transposed(x) else 2
+      written = t - 1 - (t - 1 - jnp.arange(length)) % length  # The step each new slot holds.
+      kept = written >= jnp.maximum(t - x.shape[axis], 0)  # Still in the old ring.
+      y = jnp.take(x, written % x.shape[axis], axis=axis)
+      return jnp.where(kept.reshape([length if a == axis else 1 for a in range(x.ndim)]),
+                       y, jnp.zeros((), x.dtype))
+    return traverse_util.unflatten_dict({k: recut(k, v) for k, v in flat.items()})
+
+  def restart(self, context, cache, pool, slot, item, beam_size):
+    """Refilling beam search: the beam_size rows of `slot` take pool item
+    `item`'s context and start its search at the current step. Their lineage is
+    emptied, so the keys and values the slot's previous item left are no one's
+    ancestors, and the ring of keys (`Decoder`) overwrites them."""
+    flat = traverse_util.flatten_dict(cache)
+    if ("decoder", "lineage") not in flat:
+      raise NotImplementedError("refilling beam search needs the beams' lineage "
+                                "(track_beams=True, beam_size > 1)")
+    row = slot * beam_size
+
+    def put(x, value_1x):
+      value = jnp.broadcast_to(value_1x, (beam_size,) + x.shape[1:]).astype(x.dtype)
+      return jax.lax.dynamic_update_slice(x, value, (row,) + (0,) * (x.ndim - 1))
+
+    context = jax.tree.map(
+        lambda x, p: x if x.ndim == 0 else put(x, jax.lax.dynamic_slice_in_dim(p, item, 1)),
+        context, pool)
+    flat[("decoder", "lineage")] = put(flat[("decoder", "lineage")], jnp.zeros((1,), bool))
+    flat[("decoder", "start")] = put(flat[("decoder", "start")], flat[("decoder", "step")])
+    return context, traverse_util.unflatten_dict(flat)
 
   def reorder(self, cache, parent_BxK):
     flat = traverse_util.flatten_dict(cache)

@@ -269,7 +269,8 @@ def gather_beams(tree: Any, parent_BxK: Array) -> Any:
 @flax.struct.dataclass
 class BeamState:
   """Beam search over B items of K beams (rows b*K + k of the cache)."""
-  t: Array  # int32 scalar: the step.
+  t: Array  # int32 scalar: the loop's step.
+  start: Array  # int32: the step each item began at, 0 (shared), or int32[B] when refilling.
   done: Array  # bool[B]: the item has stopped; its state is frozen.
   steps: Array  # int32[B]: steps the item was active (the alive beams' length).
   live_logp: Array  # float32[B, K]: log P of the alive beams, best first.
@@ -348,7 +349,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 eos_id: int, out_len: Optional[int] = None,
                 best_only: bool = False, grow=None,
                 reorder_fn: Callable[[Any, Array], Any] = gather_beams,
-                compact: int = 0) -> Tuple[Array, Array]:
+                compact: int = 0,
+                refill: Optional[Callable[[Any, Array, Array], Any]] = None
+                ) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -376,21 +379,29 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   gather_beams). With compact = n > 0 the loop halves its batch up to n times as
   items finish (_while_compacting): logits_fn and reorder_fn then also see fewer
   rows, and every cache leaf with a leading dim must be per-row.
+  With refill = restart_fn (best_only, no compact), `max_len` gives the limits of
+  a pool of P items, which the B = batch_size items' rows work through
+  (_while_refilling): restart_fn(cache, slot, item) gives a slot's K cache rows
+  to pool item `item` (a scalar of each). The cache is then a ring (slot = step
+  mod its length), and grow = (first_len, ring_fn), if given, makes it a ring of
+  another length: ring_fn(cache, length). The output is the P items' best
+  hypotheses, ids_Px1xL and scores_Px1.
   """
   B, K = batch_size, beam_size
-  max_len_B, L = _row_limits(max_len, B, out_len)
+  max_len_B, L = _row_limits(max_len, B if refill is None else np.shape(max_len)[0], out_len)
 
   def stop_fn(s):
+    t = s.t - s.start  # The item's own step.
     live_best_B = s.live_logp[:, 0]
     # Future finished lengths lie in [t+1, max_len]; lp is monotone, so the
     # largest penalty (the best score for logp < 0) is at one end.
-    lp_best_B = jnp.maximum(length_penalty(s.t + 1, alpha),
+    lp_best_B = jnp.maximum(length_penalty(t + 1, alpha),
                             length_penalty(s.limit, alpha))
     fin_B = (jnp.max if best_only else jnp.min)(
         jnp.where(s.fin_ok, s.fin_score, NEG_INF), axis=1)
     # Without best_only all K finished hypotheses must be final (the worst one
     # beats the bound; an empty slot is -inf); with it, the best one alone.
-    return ((s.t >= s.limit) | (live_best_B == NEG_INF)
+    return ((t >= s.limit) | (live_best_B == NEG_INF)
             | (fin_B > live_best_B / lp_best_B))
 
   def done_fn(s):
@@ -399,11 +410,11 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     return s.done | stop_fn(s)
 
   def body_fn(s):
-    t = s.t
+    t = s.t - s.start  # The items' step: shared, or each its own when refilling.
     B = s.done.shape[0]  # Fewer than batch_size once compacted.
     done_B = done_fn(s)
     active_B = ~done_B
-    logits_NxV, cache = logits_fn(s.last.reshape(B * K, 1), s.cache, t)
+    logits_NxV, cache = logits_fn(s.last.reshape(B * K, 1), s.cache, s.t)
     V = logits_NxV.shape[-1]
     # PAD, BOS and a NaN logit are tokens never chosen (a NaN makes no NaN row).
     # The select also keeps XLA's CPU backend from fusing the log-softmax's
@@ -414,7 +425,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     cand_logp_Bx2K, cand_idx_Bx2K = top_log_probs(logits_NxV.reshape(B, K, V), s.live_logp, 2 * K)
     cand_parent_Bx2K = cand_idx_Bx2K // V
     cand_tok_Bx2K = (cand_idx_Bx2K % V).astype(jnp.int32)
-    cand_seqs_Bx2KxL = _take(s.live_seqs, cand_parent_Bx2K).at[:, :, t].set(cand_tok_Bx2K)
+    cand_seqs_Bx2KxL = _write_at(_take(s.live_seqs, cand_parent_Bx2K), t, cand_tok_Bx2K)
     cand_eos_Bx2K = cand_tok_Bx2K == eos_id
 
     # Alive: the best K candidates not ending in EOS.
@@ -427,7 +438,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     in_beam_Bx2K = jnp.broadcast_to(jnp.arange(2 * K) < K, (B, 2 * K))  # top_k sorts
     cand_ok_Bx2K = cand_eos_Bx2K & (cand_logp_Bx2K > NEG_INF) & in_beam_Bx2K
     cand_score_Bx2K = jnp.where(cand_ok_Bx2K,
-                                cand_logp_Bx2K / length_penalty(t + 1, alpha), NEG_INF)
+                                cand_logp_Bx2K / _per_item(length_penalty(t + 1, alpha)), NEG_INF)
     all_score_Bx3K = jnp.concatenate([s.fin_score, cand_score_Bx2K], axis=1)
     fin_score_BxK, fin_sel_BxK = jax.lax.top_k(all_score_Bx3K, K)
     fin_ok_BxK = _take(jnp.concatenate([s.fin_ok, cand_ok_Bx2K], axis=1), fin_sel_BxK)
@@ -442,7 +453,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
 
     parent_BxK = keep(parent_BxK, jnp.broadcast_to(jnp.arange(K, dtype=parent_BxK.dtype), (B, K)))
     return BeamState(
-        t=t + 1,
+        t=s.t + 1,
+        start=s.start,
         done=done_B,
         steps=s.steps + active_B.astype(jnp.int32),
         live_logp=keep(live_logp_BxK, s.live_logp),
@@ -456,9 +468,29 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
         cache=reorder_fn(cache, parent_BxK.astype(jnp.int32)),
     )
 
-  # Only beam 0 is alive at the start so the K beams do not duplicate.
-  init = BeamState(
-      t=jnp.int32(0),
+  if refill is not None:
+    if compact or not best_only:
+      raise ValueError("a refilling beam search does not compact, and returns the best "
+                       "hypotheses only (best_only=True)")
+    P = max_len_B.shape[0]  # max_len: the pool's limits; the first B items start.
+    first_B = jnp.where(jnp.arange(B) < P, max_len_B[jnp.minimum(jnp.arange(B), P - 1)], 0)
+    init = BeamState(t=jnp.int32(0), start=jnp.zeros((B,), jnp.int32), cache=cache,
+                     **_fresh_items(B, K, L, bos_id, first_B))
+    return _while_refilling(done_fn, body_fn, init, max_len_B, refill, alpha, bos_id,
+                            None if grow is None or grow[0] >= L else grow)
+  init = BeamState(t=jnp.int32(0), start=jnp.int32(0), cache=cache,
+                   **_fresh_items(B, K, L, bos_id, max_len_B))
+  if compact:
+    s = _while_compacting(done_fn, body_fn, init, L, grow, K, compact)
+  else:
+    s = _while(lambda s: ~jnp.all(done_fn(s)), body_fn, init, L, grow)
+  return _results(s, alpha)
+
+
+def _fresh_items(B: int, K: int, L: int, bos_id: int, limit_B: Array) -> dict:
+  """The per-item fields of BeamState for B items starting their search. Only
+  beam 0 is alive at the start, so that the K beams do not duplicate."""
+  return dict(
       done=jnp.zeros((B,), bool),
       steps=jnp.zeros((B,), jnp.int32),
       live_logp=jnp.broadcast_to(
@@ -468,18 +500,113 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
       fin_score=jnp.full((B, K), NEG_INF, jnp.float32),
       fin_ok=jnp.zeros((B, K), bool),
       fin_seqs=jnp.full((B, K, L), PAD_ID, jnp.int32),
-      limit=max_len_B,
-      cache=cache,
-  )
-  if compact:
-    s = _while_compacting(done_fn, body_fn, init, L, grow, K, compact)
-  else:
-    s = _while(lambda s: ~jnp.all(done_fn(s)), body_fn, init, L, grow)
+      limit=limit_B)
 
+
+def _results(s: BeamState, alpha) -> Tuple[Array, Array]:
+  """(ids_BxKxL, scores_BxK): finished hypotheses first, best first, then alive ones."""
+  K = s.live_logp.shape[1]
   live_score_BxK = s.live_logp / length_penalty(s.steps, alpha)[:, None]
   score_Bx2K = jnp.concatenate([s.fin_score, live_score_BxK], axis=1)
-  ok_Bx2K = jnp.concatenate([s.fin_ok, jnp.zeros((B, K), bool)], axis=1)
+  ok_Bx2K = jnp.concatenate([s.fin_ok, jnp.zeros_like(s.fin_ok)], axis=1)
   # Finished first, then by score; empty finished slots (-inf) sort last.
   order_BxK = jnp.lexsort((-score_Bx2K, ~ok_Bx2K), axis=-1)[:, :K]
   seqs_Bx2KxL = jnp.concatenate([s.fin_seqs, s.live_seqs], axis=1)
   return _take(seqs_Bx2KxL, order_BxK), _take(score_Bx2K, order_BxK)
+
+
+@flax.struct.dataclass
+class _Pool:
+  """A refilling beam search: B slots working through P pool items."""
+  beam: BeamState
+  item: Array  # int32[B]: the item each slot searches; P once it has none.
+  next: Array  # int32 scalar: the next item to start.
+  seqs: Array  # int32[P, L]: each item's best hypothesis, once it has stopped.
+  scores: Array  # float32[P]
+
+
+def _while_refilling(done_fn, body_fn, init: BeamState, limit_P: Array, restart_fn,
+                     alpha, bos_id: int, ring=None) -> Tuple[Array, Array]:
+  """Beam search over a pool of P items through B slots: each slot whose item
+  stops hands its best hypothesis out and starts the next item, so the loop
+  runs about (item-steps / B) steps instead of each batch's longest search
+  (sorted batches still end unevenly). An item's steps are its own (BeamState.start)
+  and its state is that of a search run alone, so the results are those of
+  beam_search over the pool as one batch. restart_fn(cache, slot, item) gives
+  the slot's K cache rows to `item`, one slot at a time.
+
+  With ring = (short, ring_fn) the cache starts as a ring of `short` steps, which
+  holds every item that has searched fewer steps than that; before a step in
+  which one has not, ring_fn(cache, L) makes it a ring of L steps, and once every
+  item searching is again younger than `short`, ring_fn(cache, short) shrinks it
+  (most items end early, and a shorter cache is cheaper to attend over)."""
+  B, K, L = init.live_seqs.shape
+  P = limit_P.shape[0]
+
+  def retire_and_start(r):
+    s = r.beam
+    done_B = done_fn(s)  # What the next step would mark.
+    seqs_BxKxL, scores_BxK = _results(s, alpha)
+    out_B = jnp.where(done_B & (r.item < P), r.item, P)  # P: not written.
+    new_B = r.next + jnp.cumsum(done_B) - 1  # The free slots take the next items in order.
+    start_B = done_B & (new_B < P)
+    fresh = _fresh_items(B, K, L, bos_id, limit_P[jnp.minimum(new_B, P - 1)])
+    s = s.replace(start=jnp.where(start_B, s.t, s.start),
+                  **{k: _where_items(start_B, v, getattr(s, k)) for k, v in fresh.items()})
+    s = s.replace(done=done_B & ~start_B)
+    item_B = jnp.where(start_B, new_B, jnp.where(done_B, P, r.item))
+    slots_B = jnp.nonzero(start_B, size=B, fill_value=0)[0]
+    cache = jax.lax.fori_loop(0, jnp.sum(start_B),
+                              lambda i, c: restart_fn(c, slots_B[i], item_B[slots_B[i]]), s.cache)
+    return r.replace(beam=s.replace(cache=cache), item=item_B,
+                     next=r.next + jnp.sum(start_B, dtype=jnp.int32),
+                     seqs=r.seqs.at[out_B].set(seqs_BxKxL[:, 0], mode="drop"),
+                     scores=r.scores.at[out_B].set(scores_BxK[:, 0], mode="drop"))
+
+  def body(r):  # A step, then the slots whose item stops take the next ones.
+    return retire_and_start(r.replace(beam=body_fn(r.beam)))
+
+  def steps_until(r, stop=None):
+    return jax.lax.while_loop(
+        lambda r: jnp.any(r.item < P) & (True if stop is None else ~stop(r)), body, r)
+
+  item_B = jnp.where(jnp.arange(B) < P, jnp.arange(B), P).astype(jnp.int32)
+  r = _Pool(beam=init, item=item_B, next=jnp.int32(min(B, P)),
+            seqs=jnp.full((P, L), PAD_ID, jnp.int32), scores=jnp.full((P,), NEG_INF))
+  if ring is None:
+    r = steps_until(r)
+    return r.seqs[:, None], r.scores[:, None]
+  short, ring_fn = ring
+
+  def outgrows(r):  # The next step would overwrite the first key of an item searching.
+    s = r.beam
+    return jnp.any(~done_fn(s) & (r.item < P) & (s.t - s.start >= short))
+
+  def on_ring(r, length):
+    return r.replace(beam=r.beam.replace(cache=ring_fn(r.beam.cache, length)))
+
+  def long_searches(r):
+    return on_ring(steps_until(on_ring(r, L), lambda r: ~outgrows(r)), short)
+
+  r = jax.lax.while_loop(
+      lambda r: jnp.any(r.item < P),
+      lambda r: jax.lax.cond(outgrows(r), long_searches, lambda r: steps_until(r, outgrows), r),
+      r)
+  return r.seqs[:, None], r.scores[:, None]
+
+
+def _where_items(mask_B: Array, new, old):
+  return jnp.where(mask_B.reshape(mask_B.shape + (1,) * (jnp.ndim(new) - 1)), new, old)
+
+
+def _per_item(x: Array) -> Array:
+  """A per-item [B] value as a column [B, 1]; a shared scalar as it is."""
+  return x[:, None] if jnp.ndim(x) else x
+
+
+def _write_at(x_BxMxL: Array, t: Array, value_BxM: Array) -> Array:
+  """x[b, m, t_b] = value[b, m], t the shared step or each item's own (int32[B])."""
+  if jnp.ndim(t) == 0:
+    return x_BxMxL.at[:, :, t].set(value_BxM)
+  at_t_Bx1xL = jnp.arange(x_BxMxL.shape[2])[None, None, :] == t[:, None, None]
+  return jnp.where(at_t_Bx1xL, value_BxM[:, :, None], x_BxMxL)

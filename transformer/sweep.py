@@ -236,7 +236,8 @@ CONTINUABLE = ("train.num_steps", "train.log_every", "train.eval_every",
                "train.checkpoint_every", "train.keep_checkpoints", "train.decode_every",
                "train.decode_examples", "train.mesh", "train.fsdp", "data.text_dir",
                "data.tfds_data_dir", "data.prefetch", "model.attention_impl",
-               "decode.tokens_per_batch", "decode.concurrent_batches", "decode.compact")
+               "decode.tokens_per_batch", "decode.concurrent_batches", "decode.compact",
+               "decode.refill")
 
 
 def config_changes(previous: dict, recipe: dict, variant_dir: Optional[str] = None) -> list:

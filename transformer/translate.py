@@ -168,7 +168,8 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
 def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="beam",
         beam_size=None, alpha=None, max_extra_len=None, plot_attention=None, layer=-1,
         head="all", seed=0, temperature=1.0, tokens_per_batch=None,
-        chunk_lines=evaluate.CHUNK_LINES, collect=True, compact=None, concurrent_batches=None):
+        chunk_lines=evaluate.CHUNK_LINES, collect=True, compact=None, concurrent_batches=None,
+        refill=None):
   """Restores `workdir`, translates the lines of `input_path` into `output_path`
   chunk by chunk (and draws the attention plot if asked); returns the
   translations, or with collect=False (bounded memory) their number."""
@@ -199,7 +200,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
           f"--mode {mode} ignores them", file=sys.stderr)
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
-      mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact),
+      mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact,
+                                             refill),
       temperature=temperature, tokens_per_batch=tokens_per_batch,
       concurrent_batches=concurrent_batches)
   lines = iter_lines(input_path)
@@ -263,7 +265,7 @@ def main(argv):
     run(f.workdir, f.input, f.output, f.checkpoint, f.mode, f.beam_size, f.alpha,
         f.max_extra_len, f.plot_attention, f.layer, f.head, f.seed, f.temperature,
         f.tokens_per_batch, f.chunk_lines, collect=False, compact=f.compact,
-        concurrent_batches=f.concurrent_batches)
+        concurrent_batches=f.concurrent_batches, refill=f.refill)
 
 
 if __name__ == "__main__":
