@@ -63,7 +63,8 @@ def train(devices, fsdp, spec="data=-1,model=1"):
   return model, state, metrics, split
 
 
-def decode_all(model, params, config, mesh, concurrent_batches=None, modes=("greedy", "beam")):
+def decode_all(model, params, config, mesh, concurrent_batches=None,
+               modes=("greedy", "beam", "sample")):
   rng = np.random.default_rng(1)
   # 21 sources of 2-8 tokens: three batches of 8 rows of width 8 (one compilation
   # a mode and mesh; the padding rows are split over the devices too), decoded
@@ -108,7 +109,7 @@ def main():
   config.decode.refill = 3
   assert decode_all(model, params, config, mesh, modes=("beam",))["beam"] == one["beam"], spec
   print("decoding with FSDP- and tensor-parallel-sharded parameters, two batches at a "
-        "time == single-device, one at a time: greedy, beam, beam with refill")
+        "time == single-device, one at a time: greedy, beam, sampling, beam with refill")
 
 
 if __name__ == "__main__":

@@ -202,6 +202,28 @@ def test_sample_distribution_and_top_k():
   assert set(np.unique(ids)) == {1, 2}
 
 
+def test_a_sampled_row_depends_on_its_own_key_alone():
+  """With one key a row, a row's samples are the same in any batch at any place
+  (decoding gives each example its own key, so devices and batching do not move
+  them); with one key, row b draws with fold_in(key, b)."""
+  logits_fn, _ = make_toy(5)
+  kw = dict(max_len=T_MAX, bos_id=BOS, eos_id=EOS, temperature=1.5)
+  keys_B = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(7), i))(jnp.arange(6))
+  # Rows start from hash i: cache rows 0..5; the same rows reversed with their keys.
+  both = np.asarray(search.sample(logits_fn, toy_cache(6), keys_B, batch_size=6, **kw))
+  flipped = np.asarray(search.sample(
+      logits_fn, {'h': toy_cache(6)['h'][::-1], 'i': jnp.int32(0)}, keys_B[::-1],
+      batch_size=6, **kw))
+  np.testing.assert_array_equal(flipped[::-1], both)
+  alone = np.asarray(search.sample(logits_fn, {'h': toy_cache(6)['h'][4:5], 'i': jnp.int32(0)},
+                                   keys_B[4:5], batch_size=1, **kw))
+  np.testing.assert_array_equal(alone[0], both[4])
+  one_key = np.asarray(search.sample(logits_fn, toy_cache(6), jax.random.key(7), batch_size=6,
+                                     **kw))
+  np.testing.assert_array_equal(one_key, both)
+  assert len({tuple(row) for row in both}) > 3  # The rows do differ.
+
+
 def test_top_k_keeps_exactly_k_tokens_on_ties_and_a_tiny_temperature_is_greedy():
   """Tokens tied with the k-th logit (common after bfloat16 rounding) are not
   all kept: top_k=1 is greedy's choice, the lowest id of the tied maximum, and

@@ -226,6 +226,25 @@ def test_chunks_keep_count_order_and_line_numbers(workdir, tmp_path, capsys):
                        chunk_lines=3, collect=False) == len(LINES)
 
 
+def test_samples_depend_on_the_seed_and_the_line_not_on_chunks_or_batches(workdir, tmp_path):
+  """--mode sample draws each line with a key of its own (the seed's, folded with
+  the line number), so chunking the input, smaller batches or one batch at a
+  time give the same samples (as other device counts do: tests/sharded_step_check.py);
+  another seed gives others."""
+  src = tmp_path / "in.txt"
+  src.write_text("\n".join(LINES * 3) + "\n")
+  run = lambda name, **kw: translate.run(workdir, str(src), str(tmp_path / name),
+                                         mode="sample", temperature=3.0, **kw)
+  whole = run("whole.txt", seed=4)
+  assert run("chunked.txt", seed=4, chunk_lines=2) == whole
+  assert run("small.txt", seed=4, tokens_per_batch=8, concurrent_batches=1) == whole
+  other = run("other.txt", seed=5)
+  assert other != whole and len(other) == len(whole)
+  # Repeats of a line are drawn apart.
+  n = len(LINES)
+  assert any(len(set(whole[i::n])) > 1 for i in range(n) if whole[i])
+
+
 def test_command_streams_each_line_as_it_arrives(workdir):
   """With --chunk_lines 1 the answer to a line comes out (flushed) before the
   next line is even sent: one output line per input line, in order."""

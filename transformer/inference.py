@@ -52,7 +52,7 @@ def batches_at_once(config, mesh, requested=None) -> int:
   return 1 if jax.process_count() > 1 or several_accelerators else int(n)
 
 
-def _compiled(model, params, inputs, rng, mesh, settings):
+def _compiled(model, params, inputs, rows, rng, mesh, settings):
   layout = (jax.tree.structure(params),
             tuple((x.shape, x.dtype, getattr(x, "sharding", None))
                   for x in jax.tree.leaves(params)))
@@ -60,24 +60,26 @@ def _compiled(model, params, inputs, rng, mesh, settings):
   if key not in _COMPILED:
     mode, beam_size, alpha, max_extra_len, temperature, top_k, compact, refill = settings
 
-    def run(params, inputs_BxS, rng):
+    def run(params, inputs_BxS, rows_B, rng):
+      # Sampling: a row key per example, whatever batch or device its row is in.
+      keys_B = jax.vmap(lambda i: jax.random.fold_in(rng, i))(rows_B)
       return decode.encode_and_decode(
           state_lib.decoding(model), params, inputs_BxS, mode=mode, beam_size=beam_size,
-          alpha=alpha, max_extra_len=max_extra_len, rng=rng if mode == "sample" else None,
+          alpha=alpha, max_extra_len=max_extra_len, rng=keys_B if mode == "sample" else None,
           temperature=temperature, top_k=top_k, compact=compact, refill=refill)
 
     if len(_COMPILED) >= _MAX_COMPILED:
       _COMPILED.clear()
     # Replicated output: every host can read every row.
     fn = jax.jit(run, out_shardings=sharding.replicated(mesh))
-    _COMPILED[key] = fn.lower(params, inputs, rng).compile()
+    _COMPILED[key] = fn.lower(params, inputs, rows, rng).compile()
   return _COMPILED[key]
 
 
 def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_size=4,
                alpha=0.6, max_extra_len=50, rng=None, temperature=1.0, top_k=0,
                tokens_per_batch=None, compact=0, refill=0, concurrent_batches=None,
-               timings=None):
+               timings=None, example_ids=None):
   """Output ids for the sources of `examples` ((src, tgt) id arrays), in their order.
 
   Each is cut after its first EOS (kept), or has trailing PAD removed if it hit
@@ -89,7 +91,9 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   refill = m a batch holds m times tokens_per_batch, and goes through the rows of
   one of tokens_per_batch.
   `concurrent_batches`: batches decoded at once (see batches_at_once); every
-  program is compiled before the first batch runs.
+  program is compiled before the first batch runs. Sampling draws example i's
+  tokens with the key fold_in(rng, example_ids[i]) (default i), so its output
+  depends on neither its batch, nor the devices, nor how the input was chunked.
   """
   # Checked before any work (each decode checks them again).
   decode.check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k,
@@ -118,17 +122,19 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
                                                 batch_multiple=multiple,
                                                 max_length=config.data.max_length):
     # eval_batches pads the rows to few shapes: few compilations.
-    placed = sharding.place_batch(sharding.host_rows({"inputs": batch["inputs"]}),
-                                  mesh)["inputs"]
-    batch_rng = jax.random.fold_in(rng, len(jobs))
+    indices = [order[p] for p in positions.tolist()]
+    rows = np.zeros(len(batch["inputs"]), np.int32)  # Padding rows: any key.
+    rows[:len(indices)] = [i if example_ids is None else example_ids[i] for i in indices]
+    placed = sharding.place_batch(sharding.host_rows({"inputs": batch["inputs"], "rows": rows}),
+                                  mesh)
     start = time.perf_counter()
-    fn = _compiled(model, params, placed, batch_rng, mesh, settings)
+    fn = _compiled(model, params, placed["inputs"], placed["rows"], rng, mesh, settings)
     compile_s += time.perf_counter() - start
-    jobs.append(([order[p] for p in positions.tolist()], fn, placed, batch_rng))
+    jobs.append((indices, fn, placed))
 
   def run(job):
-    indices, fn, placed, batch_rng = job
-    return indices, np.asarray(jax.device_get(fn(params, placed, batch_rng)))
+    indices, fn, placed = job
+    return indices, np.asarray(jax.device_get(fn(params, placed["inputs"], placed["rows"], rng)))
 
   workers = min(workers, len(jobs))
   start = time.perf_counter()

@@ -150,12 +150,17 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
   """Temperature / top-k sampling -> ids_BxL.
 
   temperature == 0 (a Python number) is argmax; top_k (static) = 0 keeps the
-  full vocabulary. The key of step t is fold_in(rng, t).
+  full vocabulary. `rng` is one key a row (a key array of shape [B]), or a key
+  whose row b gets fold_in(rng, b); row b's token at step t is drawn with
+  fold_in(its key, t), so that its samples do not depend on the rest of the batch.
   """
   if isinstance(temperature, (int, float)) and temperature == 0:
     return greedy_search(logits_fn, cache, batch_size=batch_size,
                          max_len=max_len, bos_id=bos_id, eos_id=eos_id,
                          out_len=out_len, grow=grow)
+
+  keys_B = rng if jnp.ndim(rng) else jax.vmap(lambda b: jax.random.fold_in(rng, b))(
+      jnp.arange(batch_size))
 
   def choose_fn(logits_NxV, t):
     logits_NxV = logits_NxV.astype(jnp.float32)
@@ -169,8 +174,8 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
     # Shifted to a maximum of 0 first: a tiny temperature then sends the others to
     # -inf, not every logit to +-inf (where the draw would be token 0).
     shifted_NxV = logits_NxV - jnp.max(logits_NxV, axis=-1, keepdims=True)
-    return jax.random.categorical(jax.random.fold_in(rng, t),
-                                  shifted_NxV / temperature).astype(jnp.int32)
+    draw = lambda key, logits_V: jax.random.categorical(jax.random.fold_in(key, t), logits_V)
+    return jax.vmap(draw)(keys_B, shifted_NxV / temperature).astype(jnp.int32)
 
   return _decode_loop(logits_fn, cache, choose_fn, batch_size=batch_size,
                       max_len=max_len, bos_id=bos_id, eos_id=eos_id,

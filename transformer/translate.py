@@ -109,9 +109,11 @@ def encode_lines(lines, tokenizer, max_length, first_line=1, overlong=None):
 
 def translate_ids(model, params, tokenizer, config, mesh, lines, first_line=1,
                   overlong=None, **decode_kw):
-  """Per input line, (source ids, output ids) or None for an empty line."""
+  """Per input line, (source ids, output ids) or None for an empty line. Line n
+  of the input (first_line + its index) samples with the key fold_in(rng, n - 1)."""
   examples, kept = encode_lines(lines, tokenizer, source_limit(config), first_line, overlong)
-  outputs = inference.decode_ids(model, params, examples, config, mesh, **decode_kw)
+  outputs = inference.decode_ids(model, params, examples, config, mesh,
+                                 example_ids=[first_line - 1 + i for i in kept], **decode_kw)
   result = [None] * len(lines)
   for i, (src, _), out in zip(kept, examples, outputs):
     result[i] = (src, out)
@@ -215,13 +217,13 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                else open(output_path, "w", encoding="utf-8")),  # pylint: disable=consider-using-with
       "opening --output")
   try:
-    for index in itertools.count():
+    while True:
       chunk = list(itertools.islice(lines, chunk_lines))
       if not chunk:
         break
       results = translate_ids(restored.model, restored.params, restored.tokenizer, config,
                               restored.mesh, chunk, first_line=count + 1, overlong=overlong,
-                              rng=jax.random.fold_in(jax.random.key(seed), index), **decode_kw)
+                              rng=jax.random.key(seed), **decode_kw)
       texts = ["" if r is None else restored.tokenizer.decode(r[1]) for r in results]
       if out is not None:
         out.write("".join(t + "\n" for t in texts))
