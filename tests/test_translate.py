@@ -85,13 +85,15 @@ def test_run_samples_into_a_file_and_plots_attention(workdir, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["att.png", "in.txt", "out.txt"]
 
 
-def test_sampling_flags_without_sampling_are_warned_of_and_blank_lines_plot_nothing(
+def test_flags_for_another_mode_or_no_plot_are_warned_of_and_blank_lines_plot_nothing(
     workdir, tmp_path, capsys):
   src = tmp_path / "in.txt"
   src.write_text(LINES[0] + "\n")
   translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy", seed=5)
   assert ("--seed and --temperature act in --mode sample only; --mode greedy ignores them"
           in capsys.readouterr().err)
+  translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy", layer=0, head="3")
+  assert "--layer and --head choose what --plot_attention draws" in capsys.readouterr().err
   src.write_text(" \n\t\n")
   with pytest.raises(ValueError, match="every input line is empty or encodes to no tokens"):
     translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy",

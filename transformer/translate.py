@@ -200,6 +200,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   if mode != "sample" and (seed != 0 or temperature != 1.0) and jax.process_index() == 0:
     print(f"translate: warning: --seed and --temperature act in --mode sample only; "
           f"--mode {mode} ignores them", file=sys.stderr)
+  if not plot_attention and (layer != -1 or head != "all") and jax.process_index() == 0:
+    print("translate: warning: --layer and --head choose what --plot_attention draws; "
+          "without it they are ignored", file=sys.stderr)
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
       mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact,
