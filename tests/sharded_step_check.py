@@ -1,8 +1,8 @@
 """Run by tests/test_training.py with 8 fake CPU devices (XLA_FLAGS must be set
 before JAX starts, hence a separate process): training steps on a mesh of 8
-devices (data parallel with FSDP, and data=2 x model=4 tensor parallel with FSDP) equal the same steps on one device, and greedy and beam decoding
-with FSDP- and tensor-parallel-sharded parameters, two batches at a time, equal
-decoding on one device one batch at a time.
+devices (data parallel with FSDP, and data=2 x model=4 tensor parallel with FSDP) equal the same steps on one device, and greedy, beam (also refilling)
+and sampled decoding with FSDP- and tensor-parallel-sharded parameters, two
+batches at a time, equal decoding on one device one batch at a time.
 
 Tolerance: the 8-way step sums per-device partial gradients in another order
 than the single device does, so float32 round-off differs (~1e-7 relative, and
@@ -105,9 +105,9 @@ def main():
     _, _, _, shardings, _ = state_lib.build(config, 24, mesh)
     params = jax.device_put(jax.device_get(single.params), shardings.params)
     assert decode_all(model, params, config, mesh) == one, spec
-  # Refilling beam search: the rows restart items from a pool split over the devices.
-  config.decode.refill = 3
-  assert decode_all(model, params, config, mesh, modes=("beam",))["beam"] == one["beam"], spec
+    # Refilling beam search: the rows restart items from a batch split over the devices.
+    config.decode.refill = 3
+    assert decode_all(model, params, config, mesh, modes=("beam",))["beam"] == one["beam"], spec
   print("decoding with FSDP- and tensor-parallel-sharded parameters, two batches at a "
         "time == single-device, one at a time: greedy, beam, sampling, beam with refill")
 

@@ -94,12 +94,13 @@ decode_jit = jax.jit(decode.encode_and_decode, **FAST,
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_model(score='scaled_dot', track_beams=True, d_k=0):
+def tiny_model(score='scaled_dot', track_beams=True, d_k=0, max_len=16, dtype='float32'):
   """(the tiny Transformer's decoding contract, its parameters); d_k 0 is
-  d_model / h, as d_v always is."""
+  d_model / h, as d_v always is. The parameters do not depend on max_len (the
+  positions are sinusoids)."""
   cfg = ModelConfig(input_vocab_size=M_V, output_vocab_size=M_V, num_layers=2,
-                    d_model=32, d_ff=64, num_heads=2, dropout=0.0, max_len=16,
-                    attention_score=score, d_k=d_k)
+                    d_model=32, d_ff=64, num_heads=2, dropout=0.0, max_len=max_len,
+                    attention_score=score, d_k=d_k, dtype=dtype)
   model = Transformer(cfg)
   ones = jnp.ones((1, 4), jnp.int32)
   return (TransformerDecoding(model, track_beams=track_beams),
@@ -336,24 +337,29 @@ def test_model_compacting_beam_search_changes_nothing():
 @pytest.mark.parametrize('score', ['scaled_dot', 'additive'])
 def test_model_refilling_beam_search_changes_nothing(score):
   """Beam search whose rows take the next sentence as soon as theirs stops
-  (refill = m: the batch through the rows of ceil(B / m) items) decodes what the
-  whole batch decodes at once: each restarted item's positions count from its
-  own first step, its keys go round a cache of the longest output's length, and
-  its emptied lineage hides the keys the row's previous item left there. The
-  limits (source length + 2) stop items unevenly; an all-PAD row emits nothing."""
-  model, params = tiny_model(score)
+  (refill = n: the 12 sources searched n at a time) decodes what the whole batch
+  decodes at once: each restarted item's positions count from its own first
+  step, its emptied lineage hides the keys the row's previous item left, and its
+  keys go round a ring of first_len = 14 steps, widened to L while an item is
+  older (with max_len 48 and 40 extra tokens, L = 46: many times). The limits
+  (source length + extra) stop items unevenly; an all-PAD row emits nothing."""
   lengths = [1, 6, 2, 5, 1, 3, 2, 4, 6, 1, 0, 3]
   inputs_BxS = jnp.asarray(sources(lengths, 6, seed=5))
-  kw = dict(params=params, inputs_BxS=inputs_BxS, mode='beam', beam_size=3)
+  kw = dict(inputs_BxS=inputs_BxS, mode='beam', beam_size=3)
   # EOS 8: this model's outputs end after 1 to 16 tokens; M_V: never, at the limits.
-  for eos_id, extra in ((8, EXTRA), (8, 2), (M_V, 5)):
-    full = np.asarray(decode_jit(model=model, max_extra_len=extra, eos_id=eos_id, **kw))
+  for max_len, eos_id, extra in ((16, 8, EXTRA), (16, 8, 2), (16, M_V, 5), (48, M_V, 40)):
+    model, params = tiny_model(score, max_len=max_len)
+    full = np.asarray(decode_jit(model=model, params=params, max_extra_len=extra,
+                                 eos_id=eos_id, **kw))
     lengths_out = (full != 0).sum(1)
     assert len(set(lengths_out)) > 3, lengths_out  # Items stop unevenly.
     for refill in (1, 3, 12):
       np.testing.assert_array_equal(np.asarray(decode_jit(
-          model=model, max_extra_len=extra, eos_id=eos_id, refill=refill, **kw)), full)
+          model=model, params=params, max_extra_len=extra, eos_id=eos_id, refill=refill,
+          **kw)), full)
     assert not full[lengths.index(0)].any()
+  model, params = tiny_model(score)
+  kw['params'] = params
   with pytest.raises(NotImplementedError, match='lineage'):
     decode_jit(model=tiny_model(track_beams=False)[0], max_extra_len=2, eos_id=8, refill=2,
                **kw)
@@ -365,13 +371,15 @@ def test_model_refilling_beam_search_changes_nothing(score):
 
 
 
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])  # Keys [.., K, steps] / [.., steps, K].
 @pytest.mark.parametrize('t, old, new', [(3, 5, 9), (23, 5, 9), (23, 9, 5), (7, 9, 5)])
-def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new):
+def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new, dtype):
   """TransformerDecoding.ring (refilling beam search's cache, step t in slot
   t mod length): the keys, values and lineage of the last min(old, new) steps
   written before step t move to their slots in the new ring; the other slots
-  are empty. Each slot's entries here are the step that wrote them, plus 1."""
-  model, params = tiny_model()
+  are empty. Each slot's keys and values here are the step that wrote them,
+  plus 1; its lineage, whether that is odd."""
+  model, params = tiny_model(dtype=dtype)
   inputs_BxS = jnp.asarray(sources([3, 2], 4))
   _, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, old)
   cache = model.beams(jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, 2, axis=0),
@@ -385,6 +393,7 @@ def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new):
   def filled(path, x, stamps):
     axis = 3 if path[-1] == 'cached_key' and attention.beam_keys_transposed(x.dtype) else 2
     shape = [len(stamps) if a == axis else 1 for a in range(x.ndim)]
+    stamps = stamps % 2 == 1 if path[-1] == 'lineage' else stamps
     return axis, np.broadcast_to(stamps.reshape(shape), x.shape)
 
   steps = ('cached_key', 'cached_value', 'lineage')

@@ -21,7 +21,7 @@ import sacrebleu
 
 from tests.helpers import tiny_experiment
 from transformer import data as data_lib
-from transformer import evaluate, inference, metrics, results, runtime, training
+from transformer import decode, evaluate, inference, metrics, results, runtime, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -285,6 +285,45 @@ def _split_and_model(workdir, limit=40):
   examples = next(data_lib.iter_eval(restored.config.data, restored.tokenizer, "test", 10**6,
                                      limit))[0]
   return restored, examples
+
+
+def test_refill_searches_a_normal_batch_of_sentences_at_a_time(workdir, monkeypatch):
+  """decode_ids with refill = 4: batches of 4 x tokens_per_batch, each searched as
+  many sentences at a time as a batch of tokens_per_batch holds (eval_rows), so a
+  small batch is not searched a few sentences at a time; a batch no larger than
+  that, and beam size 1, search the whole batch as without refill. The outputs
+  are those without refill."""
+  restored, examples = _split_and_model(workdir)
+  seen = []
+  encode_and_decode = decode.encode_and_decode
+
+  def recording(model, params, inputs_BxS, **kw):
+    seen.append((inputs_BxS.shape, kw["refill"]))
+    return encode_and_decode(model, params, inputs_BxS, **kw)
+
+  monkeypatch.setattr(decode, "encode_and_decode", recording)
+
+  def run(examples, refill, beam_size=2):
+    """(outputs, (batch shape, refill) of each batch traced)."""
+    inference._COMPILED.clear()  # pylint: disable=protected-access
+    seen.clear()
+    outputs = [ids.tolist() for ids in inference.decode_ids(
+        restored.model, restored.params, examples, restored.config, restored.mesh,
+        mode="beam", beam_size=beam_size, max_extra_len=10, tokens_per_batch=64,
+        refill=refill)]
+    return outputs, list(seen)
+
+  refilled, batches = run(examples, 4)
+  assert refilled == run(examples, 0)[0]
+  assert any(n for _, n in batches), batches
+  for (rows, width), n in batches:
+    full = data_lib.eval_rows(width, 64)
+    assert n == (full if rows > full else 0), (rows, width, n)
+  small, batches = run(examples[:3], 4)  # One small batch: searched whole.
+  assert small == run(examples[:3], 0)[0] and [n for _, n in batches] == [0]
+  one_beam, batches = run(examples, 4, beam_size=1)
+  assert batches == run(examples, 0, beam_size=1)[1] and not any(n for _, n in batches)
+  assert one_beam == run(examples, 0, beam_size=1)[0]
 
 
 def test_concurrent_batches_run_at_once_and_give_the_outputs_of_one_at_a_time(

@@ -221,6 +221,9 @@ def test_a_sampled_row_depends_on_its_own_key_alone():
   one_key = np.asarray(search.sample(logits_fn, toy_cache(6), jax.random.key(7), batch_size=6,
                                      **kw))
   np.testing.assert_array_equal(one_key, both)
+  raw_key = np.asarray(search.sample(logits_fn, toy_cache(6), jax.random.PRNGKey(7),
+                                     batch_size=6, **kw))  # An old-style uint32[2] key.
+  np.testing.assert_array_equal(raw_key, both)
   assert len({tuple(row) for row in both}) > 3  # The rows do differ.
 
 

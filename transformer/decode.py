@@ -124,10 +124,11 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   temperature if 0) static; L, hence the compiled program, depends on the source
   width S. `eos_id` defaults to the model's. `compact` (beam mode, static): how
   many times beam search may halve its batch as items finish (search.beam_search).
-  `refill` = m > 0 (beam mode with beam_size > 1, static): the B sources go
-  through the rows of ceil(B / m) items, each taking the next source as soon as
-  its own stops (search._while_refilling; the model's `restart`). Either way the
-  outputs are those of the whole batch searched at once.
+  `refill` = n with 0 < n < B (beam mode with beam_size > 1, static): the B
+  sources are searched n at a time, each of the n items' rows taking the next
+  source as soon as its own stops (search._while_refilling; the model's
+  `restart`); otherwise all B at once. Either way the outputs are those of the
+  whole batch searched at once.
   """
   check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k, refill)
   if mode == 'sample' and rng is None:
@@ -139,14 +140,15 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   # running for max_extra_len steps of output no one reads.
   max_len_B = jnp.where(src_len_B > 0, jnp.minimum(src_len_B + max_extra_len, L), 0)
   K = beam_size if mode == 'beam' else 1
-  refill = refill if K > 1 else 0  # The lineage tracks the beams of each row's item.
+  # The lineage tracks the beams of each row's item.
+  refill = refill if K > 1 and refill < B else 0
   if refill and type(model).restart is DecodingModel.restart:
     raise ValueError(f"refill={refill}: {type(model).__name__} cannot restart decoding rows "
                      "(refilling beam search needs a Transformer); set it to 0")
   first_len = min(L, first_cache_len(S))
   pool, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS,
                                  first_len)
-  slots = -(-B // refill) if refill else B
+  slots = refill or B
   # Computed once per item, then repeated for the beams (batch-major: row b*K + k);
   # a refilling search starts with the pool's first `slots` items.
   repeat = lambda tree: jax.tree.map(
@@ -178,8 +180,8 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
 
   kw['grow'] = (first_len, lambda both: (both[0], model.grow(both[1], length=L)))
   if refill:  # The rows' keys go round a ring of first_len steps, or of L while needed.
-    kw.update(batch_size=slots,
-              grow=(first_len, lambda both, length: (both[0], model.ring(both[1], length))),
+    kw.update(batch_size=slots, grow=None,
+              ring=(first_len, lambda both, length: (both[0], model.ring(both[1], length))),
               refill=lambda both, slot, item: model.restart(*both, pool, slot, item, K))
   return beam_search(step_both, (context, cache), beam_size=K, alpha=alpha, best_only=True,
                      reorder_fn=lambda both, parent: (both[0], model.reorder(both[1], parent)),

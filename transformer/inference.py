@@ -56,7 +56,7 @@ def _compiled(model, params, inputs, rows, rng, mesh, settings):
   layout = (jax.tree.structure(params),
             tuple((x.shape, x.dtype, getattr(x, "sharding", None))
                   for x in jax.tree.leaves(params)))
-  key = (model, mesh, settings, inputs.shape, inputs.sharding, layout)
+  key = (model, mesh, settings, inputs.shape, inputs.sharding, layout, rng.dtype)
   if key not in _COMPILED:
     mode, beam_size, alpha, max_extra_len, temperature, top_k, compact, refill = settings
 
@@ -88,8 +88,8 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   `timings` is a dict it receives compile_seconds, decode_seconds and batches.
   Batch size (source tokens): `tokens_per_batch`, else config.decode's, else
   config.data's. `compact`, `refill`: see config.decode (beam search only); with
-  refill = m a batch holds m times tokens_per_batch, and goes through the rows of
-  one of tokens_per_batch.
+  refill = m a batch holds m times tokens_per_batch, and is searched as many
+  sentences at a time as a batch of tokens_per_batch holds.
   `concurrent_batches`: batches decoded at once (see batches_at_once); every
   program is compiled before the first batch runs. Sampling draws example i's
   tokens with the key fold_in(rng, example_ids[i]) (default i), so its output
@@ -99,10 +99,12 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   decode.check_settings(mode, beam_size, alpha, max_extra_len, compact, temperature, top_k,
                         refill)
   workers = batches_at_once(config, mesh, concurrent_batches)  # A bad value fails first.
+  if example_ids is not None and len(example_ids) != len(examples):
+    raise ValueError(f"{len(example_ids)} example_ids for {len(examples)} examples")
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
               int(top_k), int(compact) if mode == "beam" else 0,
-              int(refill) if mode == "beam" else 0)
+              int(refill) if mode == "beam" and beam_size > 1 else 0)  # Beams to track.
   # .get: configs saved before the field existed lack it.
   tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
                       or config.data.tokens_per_batch)
@@ -116,9 +118,8 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
   sources = [(examples[i][0], examples[i][0][-1:]) for i in order]
   multiple = sharding.row_multiple(mesh)
-  if settings[-1]:  # Refill: each batch goes through the rows of a batch 1/m its size.
-    tokens_per_batch *= settings[-1]
-  for positions, batch in data_lib.eval_batches(sources, tokens_per_batch,
+  refill = settings[-1]  # Batches m times as large, through the rows of one.
+  for positions, batch in data_lib.eval_batches(sources, tokens_per_batch * (refill or 1),
                                                 batch_multiple=multiple,
                                                 max_length=config.data.max_length):
     # eval_batches pads the rows to few shapes: few compilations.
@@ -128,7 +129,12 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
     placed = sharding.place_batch(sharding.host_rows({"inputs": batch["inputs"], "rows": rows}),
                                   mesh)
     start = time.perf_counter()
-    fn = _compiled(model, params, placed["inputs"], placed["rows"], rng, mesh, settings)
+    # A refilling batch searches the sentences of a batch of tokens_per_batch at a
+    # time; one no larger than that searches them all at once.
+    items = refill and data_lib.eval_rows(batch["inputs"].shape[1], tokens_per_batch, multiple)
+    items = items if items < len(batch["inputs"]) else 0
+    fn = _compiled(model, params, placed["inputs"], placed["rows"], rng, mesh,
+                   settings[:-1] + (items,))
     compile_s += time.perf_counter() - start
     jobs.append((indices, fn, placed))
 

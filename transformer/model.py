@@ -247,12 +247,15 @@ class Decoder(nn.Module):
         positions_BxT = jnp.full(decoder_inputs_BxT.shape, decode_step)
         self_mask = None  # The cache builds its own: keys at positions <= step.
         if self.has_variable("cache", "lineage"):  # Beam search (TransformerDecoding.beams).
-          # Each row's item began at its own step (`restart`), and its keys and
-          # values go round a cache of the longest output's length, which no
-          # item outlives: position step - start, cache slot step mod length.
+          # Each row's item began at its own step (`restart`): its position is
+          # step - start, and its keys and values go round the cache (slot step
+          # mod length), which refilling beam search keeps longer than any item
+          # searching (TransformerDecoding.ring). A row left with no item runs
+          # on past the positions, clipped: its outputs are never read.
           start_N = self.get_variable("cache", "start")
-          positions_BxT = jnp.broadcast_to((decode_step - start_N)[:, None],
-                                           decoder_inputs_BxT.shape)
+          positions_BxT = jnp.broadcast_to(
+              jnp.minimum(decode_step - start_N, cfg.max_len - 1)[:, None],
+              decoder_inputs_BxT.shape)
           var = self.variable("cache", "lineage")
           N, J, length = var.value.shape
           decode_step = decode_step % length
@@ -402,8 +405,8 @@ class TransformerDecoding(ModuleDecoding):
     beam search then reorders it instead of the keys and values. The keys and
     values are then held in the compute dtype (where attention.self_cache_dtype
     made them float32, bfloat16 beam search is faster with them 16-bit), the
-    keys as [N, H, K, steps] where attention.beam_keys_transposed says so. With the
-  lineage comes each row's first step, so that rows can restart (`restart`)."""
+    keys as [N, H, K, steps] where attention.beam_keys_transposed says so. With
+    the lineage comes each row's first step, so that rows can restart (`restart`)."""
     if beam_size == 1 or not self.track_beams:
       return cache
     flat = traverse_util.flatten_dict(cache)

@@ -159,6 +159,8 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
                          max_len=max_len, bos_id=bos_id, eos_id=eos_id,
                          out_len=out_len, grow=grow)
 
+  if not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    rng = jax.random.wrap_key_data(rng)  # A raw uint32 key (jax.random.PRNGKey).
   keys_B = rng if jnp.ndim(rng) else jax.vmap(lambda b: jax.random.fold_in(rng, b))(
       jnp.arange(batch_size))
 
@@ -355,8 +357,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
                 best_only: bool = False, grow=None,
                 reorder_fn: Callable[[Any, Array], Any] = gather_beams,
                 compact: int = 0,
-                refill: Optional[Callable[[Any, Array, Array], Any]] = None
-                ) -> Tuple[Array, Array]:
+                refill: Optional[Callable[[Any, Array, Array], Any]] = None,
+                ring=None) -> Tuple[Array, Array]:
   """Beam search with the GNMT length penalty -> (ids_BxKxL, scores_BxK), best first.
 
   score(Y) = log P(Y) / lp(|Y|), where |Y| counts the generated tokens
@@ -384,14 +386,19 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
   gather_beams). With compact = n > 0 the loop halves its batch up to n times as
   items finish (_while_compacting): logits_fn and reorder_fn then also see fewer
   rows, and every cache leaf with a leading dim must be per-row.
-  With refill = restart_fn (best_only, no compact), `max_len` gives the limits of
-  a pool of P items, which the B = batch_size items' rows work through
-  (_while_refilling): restart_fn(cache, slot, item) gives a slot's K cache rows
-  to pool item `item` (a scalar of each). The cache is then a ring (slot = step
-  mod its length), and grow = (first_len, ring_fn), if given, makes it a ring of
-  another length: ring_fn(cache, length). The output is the P items' best
-  hypotheses, ids_Px1xL and scores_Px1.
+  With refill = restart_fn (best_only; no grow or compact), `max_len` gives the
+  limits of a pool of P items (an int32[P]), which the B = batch_size items'
+  rows work through (_while_refilling): restart_fn(cache, slot, item) gives a
+  slot's K cache rows to pool item `item` (a scalar of each). The cache is then
+  a ring (slot = step mod its length) of L steps, or with ring = (first_len,
+  ring_fn) of first_len, made a ring of `length` by ring_fn(cache, length) while
+  needed. The output is the P items' best hypotheses, ids_Px1xL and scores_Px1.
   """
+  if refill is not None and (compact or grow is not None or not best_only
+                             or np.ndim(max_len) != 1):
+    raise ValueError("a refilling beam search takes the pool's limits (int32[P]), no "
+                     "compact or grow (but a ring), and returns the best hypotheses only "
+                     "(best_only=True)")
   B, K = batch_size, beam_size
   max_len_B, L = _row_limits(max_len, B if refill is None else np.shape(max_len)[0], out_len)
 
@@ -474,15 +481,12 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
     )
 
   if refill is not None:
-    if compact or not best_only:
-      raise ValueError("a refilling beam search does not compact, and returns the best "
-                       "hypotheses only (best_only=True)")
     P = max_len_B.shape[0]  # max_len: the pool's limits; the first B items start.
     first_B = jnp.where(jnp.arange(B) < P, max_len_B[jnp.minimum(jnp.arange(B), P - 1)], 0)
     init = BeamState(t=jnp.int32(0), start=jnp.zeros((B,), jnp.int32), cache=cache,
                      **_fresh_items(B, K, L, bos_id, first_B))
     return _while_refilling(done_fn, body_fn, init, max_len_B, refill, alpha, bos_id,
-                            None if grow is None or grow[0] >= L else grow)
+                            None if ring is None or ring[0] >= L else ring)
   init = BeamState(t=jnp.int32(0), start=jnp.int32(0), cache=cache,
                    **_fresh_items(B, K, L, bos_id, max_len_B))
   if compact:

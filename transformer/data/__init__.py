@@ -14,7 +14,7 @@ Entry point for the trainer:
   iter_eval(config.data, data.tokenizer, split, chunk)  # the same, chunk by chunk
 
 Modules: scan (SCAN builder), parallel_text (text files), sources (load_pairs),
-tokenizer, pipeline (tokenize_pairs, TrainBatches, eval_batches), packing,
+tokenizer, pipeline (tokenize_pairs, TrainBatches, eval_batches, eval_rows), packing,
 prefetch.
 """
 import collections
@@ -23,7 +23,7 @@ import typing
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.data import tokenizer as tokenizer_lib
-from transformer.data.pipeline import TrainBatches, eval_batches, prefetch, tokenize_pairs  # pylint: disable=g-multiple-import
+from transformer.data.pipeline import TrainBatches, eval_batches, eval_rows, prefetch, tokenize_pairs  # pylint: disable=g-multiple-import
 from transformer.data.sources import load_pairs
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer  # pylint: disable=g-multiple-import
 
@@ -99,5 +99,5 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
 
 
 __all__ = ['BOS_ID', 'Data', 'EOS_ID', 'PAD_ID', 'Tokenizer', 'TrainBatches', 'UNK_ID',
-           'eval_batches', 'get_eval', 'get_train_and_eval', 'iter_eval', 'load_pairs', 'pipeline', 'prefetch',
+           'eval_batches', 'eval_rows', 'get_eval', 'get_train_and_eval', 'iter_eval', 'load_pairs', 'pipeline', 'prefetch',
            'tokenize_pairs']

@@ -99,6 +99,11 @@ def _rows_for(length, tokens_per_batch, batch_multiple, at_least_one_each=False)
   return rows
 
 
+def eval_rows(length, tokens_per_batch, batch_multiple=1):
+  """Rows of a full eval_batches batch of padded `length`."""
+  return _rows_for(length, tokens_per_batch, batch_multiple, True)
+
+
 def _buckets(lengths, max_length, what):
   """(padded lengths, each example's bucket index); an example too long for the
   largest bucket is an error naming `what`."""
@@ -278,7 +283,7 @@ def eval_batches(examples, tokens_per_batch, batch_multiple=1, max_length=None):
                                 'an eval example')
   for length, chunk in _bucket_chunks(buckets, bucket_of, tokens_per_batch, batch_multiple,
                                       at_least_one_each=True):
-    full, padded = _rows_for(length, tokens_per_batch, batch_multiple, True), batch_multiple
+    full, padded = eval_rows(length, tokens_per_batch, batch_multiple), batch_multiple
     while padded < len(chunk):
       padded *= 2
     padded = max(len(chunk), min(padded, full))
