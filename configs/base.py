@@ -113,13 +113,13 @@ def get_config():
   # at a time) but compiles 14 s longer, so it pays on large inputs
   # (evaluate/translate --compact 2). 0 = off.
   decode.compact = 0
-  # Beam search takes batches this many times as large through the rows of one
-  # batch, each row starting the next sentence as soon as its own stops
-  # (search._while_refilling; the same outputs as the whole batch at once, which in
-  # bfloat16 can round near-ties otherwise). Multi30k test, 8: 1.14x one batch at a
-  # time (multi-process jobs, meshes of several GPUs/TPUs), 1.04x two at a time,
-  # compiling 6 s longer (evaluate/translate --refill 8). Transformer only; not with
-  # compact. 0 = off.
+  # Beam search takes batches this many times as large, searching as many sentences
+  # at a time as a normal batch holds, each row starting the next sentence as soon as
+  # its own stops (search._while_refilling; the outputs of the larger batch at once,
+  # which in bfloat16 can round near-ties otherwise). Multi30k test, 8: 1.10x one
+  # batch at a time (multi-process jobs, meshes of several GPUs/TPUs), 1.01x two at a
+  # time, compiling 1.4 s longer (evaluate/translate --refill 8). Transformer only;
+  # not with compact. 0 = off.
   decode.refill = 0
   # Batches decoded at once, each from its own thread: one program leaves a CPU's
   # cores partly idle (Multi30k test on 2 cores: beam 4 1.37x, greedy 1.30x the
