@@ -352,6 +352,16 @@ def test_beam_equals_search_without_early_stopping():
   assert stops_early > checked // 4  # The early stop is exercised, not only max_len.
 
 
+def eos_table(seed, L):
+  """(the RandomState, a [L, H, V] logits table for a toy step function) whose EOS
+  logits are shifted by a random amount, so that items stop at various steps."""
+  r = np.random.RandomState(seed)
+  table_TxHxV = (2.0 * r.randn(L, H, V)).astype(np.float32)
+  table_TxHxV[..., PAD] = -np.inf
+  table_TxHxV[..., EOS] += r.uniform(-1.0, 2.0)
+  return r, jnp.asarray(table_TxHxV)
+
+
 def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
   """compact=n halves the batch (up to n times) once half of its items have
   stopped, and writes them back at the end: item for item the results are the
@@ -375,11 +385,7 @@ def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
                               grow=(first_len, lambda cache: cache), compact=compact)
 
   for seed in range(2):
-    r = np.random.RandomState(200 + seed)
-    table_TxHxV = (2.0 * r.randn(L, H, V)).astype(np.float32)
-    table_TxHxV[..., PAD] = -np.inf
-    table_TxHxV[..., EOS] += r.uniform(-1.0, 2.0)
-    table = jnp.asarray(table_TxHxV)
+    r, table = eos_table(200 + seed, L)
     max_len_B = jnp.asarray(r.randint(1, L + 1, size=B), jnp.int32)
     for K, best_only, compacts in ((2, True, (0, 1, 3)), (3, False, (0, 3))):
       rows = []
@@ -436,11 +442,7 @@ def test_refilling_beam_search_equals_the_pool_as_one_batch_in_fewer_steps():
                               refill=restart, **kw)
 
   for seed in range(2):
-    r = np.random.RandomState(300 + seed)
-    table_TxHxV = (2.0 * r.randn(L, H, V)).astype(np.float32)
-    table_TxHxV[..., PAD] = -np.inf
-    table_TxHxV[..., EOS] += r.uniform(-1.0, 2.0)
-    table = jnp.asarray(table_TxHxV)
+    r, table = eos_table(300 + seed, L)
     P = 30
     max_len_P = r.randint(0, L + 1, size=P)  # 0: a padding row, which emits nothing.
     for K in (2, 3):
