@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from transformer import data as data_lib
-from transformer import decode, sharding, state as state_lib
+from transformer import decode, search, sharding, state as state_lib
 from transformer import metrics as metrics_lib
 
 # Compiled decoders by (settings, batch shape, parameter layout). jax.jit would also
@@ -62,10 +62,10 @@ def _compiled(model, params, inputs, rows, rng, mesh, settings):
 
     def run(params, inputs_BxS, rows_B, rng):
       # Sampling: a row key per example, whatever batch or device its row is in.
-      keys_B = jax.vmap(lambda i: jax.random.fold_in(rng, i))(rows_B)
       return decode.encode_and_decode(
           state_lib.decoding(model), params, inputs_BxS, mode=mode, beam_size=beam_size,
-          alpha=alpha, max_extra_len=max_extra_len, rng=keys_B if mode == "sample" else None,
+          alpha=alpha, max_extra_len=max_extra_len,
+          rng=search.row_keys(rng, rows_B) if mode == "sample" else None,
           temperature=temperature, top_k=top_k, compact=compact, refill=refill)
 
     if len(_COMPILED) >= _MAX_COMPILED:
@@ -103,8 +103,8 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
     raise ValueError(f"{len(example_ids)} example_ids for {len(examples)} examples")
   rng = jax.random.key(0) if rng is None else rng  # Used by 'sample' only.
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
-              int(top_k), int(compact) if mode == "beam" else 0,
-              int(refill) if mode == "beam" and beam_size > 1 else 0)  # Beams to track.
+              int(top_k), int(compact) if mode == "beam" else 0)
+  refill = int(refill) if mode == "beam" and beam_size > 1 else 0  # Beams to track.
   # .get: configs saved before the field existed lack it.
   tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
                       or config.data.tokens_per_batch)
@@ -118,7 +118,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
   sources = [(examples[i][0], examples[i][0][-1:]) for i in order]
   multiple = sharding.row_multiple(mesh)
-  refill = settings[-1]  # Batches m times as large, through the rows of one.
+  # Refill: batches m times as large, through the rows of one.
   for positions, batch in data_lib.eval_batches(sources, tokens_per_batch * (refill or 1),
                                                 batch_multiple=multiple,
                                                 max_length=config.data.max_length):
@@ -134,7 +134,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
     items = refill and data_lib.eval_rows(batch["inputs"].shape[1], tokens_per_batch, multiple)
     items = items if items < len(batch["inputs"]) else 0
     fn = _compiled(model, params, placed["inputs"], placed["rows"], rng, mesh,
-                   settings[:-1] + (items,))
+                   settings + (items,))
     compile_s += time.perf_counter() - start
     jobs.append((indices, fn, placed))
 

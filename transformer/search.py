@@ -161,8 +161,7 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
 
   if not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
     rng = jax.random.wrap_key_data(rng)  # A raw uint32 key (jax.random.PRNGKey).
-  keys_B = rng if jnp.ndim(rng) else jax.vmap(lambda b: jax.random.fold_in(rng, b))(
-      jnp.arange(batch_size))
+  keys_B = rng if jnp.ndim(rng) else row_keys(rng, jnp.arange(batch_size))
 
   def choose_fn(logits_NxV, t):
     logits_NxV = logits_NxV.astype(jnp.float32)
@@ -182,6 +181,11 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
   return _decode_loop(logits_fn, cache, choose_fn, batch_size=batch_size,
                       max_len=max_len, bos_id=bos_id, eos_id=eos_id,
                       out_len=out_len, grow=grow)
+
+
+def row_keys(rng: Array, ids_B: Array) -> Array:
+  """One sampling key a row: fold_in(rng, id) of each row's id."""
+  return jax.vmap(lambda i: jax.random.fold_in(rng, i))(ids_B)
 
 
 def _chunk_width(V: int) -> int:
@@ -480,12 +484,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
         cache=reorder_fn(cache, parent_BxK.astype(jnp.int32)),
     )
 
-  if refill is not None:
-    P = max_len_B.shape[0]  # max_len: the pool's limits; the first B items start.
-    first_B = jnp.where(jnp.arange(B) < P, max_len_B[jnp.minimum(jnp.arange(B), P - 1)], 0)
-    init = BeamState(t=jnp.int32(0), start=jnp.zeros((B,), jnp.int32), cache=cache,
-                     **_fresh_items(B, K, L, bos_id, first_B))
-    return _while_refilling(done_fn, body_fn, init, max_len_B, refill, alpha, bos_id,
+  if refill is not None:  # max_len: the pool's limits.
+    return _while_refilling(done_fn, body_fn, cache, B, K, L, max_len_B, refill, alpha, bos_id,
                             None if ring is None or ring[0] >= L else ring)
   init = BeamState(t=jnp.int32(0), start=jnp.int32(0), cache=cache,
                    **_fresh_items(B, K, L, bos_id, max_len_B))
@@ -534,22 +534,22 @@ class _Pool:
   scores: Array  # float32[P]
 
 
-def _while_refilling(done_fn, body_fn, init: BeamState, limit_P: Array, restart_fn,
-                     alpha, bos_id: int, ring=None) -> Tuple[Array, Array]:
+def _while_refilling(done_fn, body_fn, cache, B: int, K: int, L: int, limit_P: Array,
+                     restart_fn, alpha, bos_id: int, ring=None) -> Tuple[Array, Array]:
   """Beam search over a pool of P items through B slots: each slot whose item
   stops hands its best hypothesis out and starts the next item, so the loop
   runs about (item-steps / B) steps instead of each batch's longest search
   (sorted batches still end unevenly). An item's steps are its own (BeamState.start)
   and its state is that of a search run alone, so the results are those of
   beam_search over the pool as one batch. restart_fn(cache, slot, item) gives
-  the slot's K cache rows to `item`, one slot at a time.
+  the slot's K cache rows to `item`, one slot at a time; the slots start empty,
+  and the first items are started as every later one is.
 
   With ring = (short, ring_fn) the cache starts as a ring of `short` steps, which
   holds every item that has searched fewer steps than that; before a step in
   which one has not, ring_fn(cache, L) makes it a ring of L steps, and once every
   item searching is again younger than `short`, ring_fn(cache, short) shrinks it
   (most items end early, and a shorter cache is cheaper to attend over)."""
-  B, K, L = init.live_seqs.shape
   P = limit_P.shape[0]
 
   def retire_and_start(r):
@@ -579,9 +579,12 @@ def _while_refilling(done_fn, body_fn, init: BeamState, limit_P: Array, restart_
     return jax.lax.while_loop(
         lambda r: jnp.any(r.item < P) & (True if stop is None else ~stop(r)), body, r)
 
-  item_B = jnp.where(jnp.arange(B) < P, jnp.arange(B), P).astype(jnp.int32)
-  r = _Pool(beam=init, item=item_B, next=jnp.int32(min(B, P)),
-            seqs=jnp.full((P, L), PAD_ID, jnp.int32), scores=jnp.full((P,), NEG_INF))
+  empty = BeamState(t=jnp.int32(0), start=jnp.zeros((B,), jnp.int32), cache=cache,
+                    **_fresh_items(B, K, L, bos_id, jnp.zeros((B,), jnp.int32)))
+  r = retire_and_start(_Pool(beam=empty.replace(done=jnp.ones((B,), bool)),
+                             item=jnp.full((B,), P, jnp.int32), next=jnp.int32(0),
+                             seqs=jnp.full((P, L), PAD_ID, jnp.int32),
+                             scores=jnp.full((P,), NEG_INF)))
   if ring is None:
     r = steps_until(r)
     return r.seqs[:, None], r.scores[:, None]
