@@ -1,6 +1,8 @@
 """Run by tests/test_training.py with 8 fake CPU devices (XLA_FLAGS must be set
 before JAX starts, hence a separate process): training steps on a mesh of 8
-devices (data parallel with FSDP, and data=2 x model=4 tensor parallel with FSDP) equal the same steps on one device, and greedy, beam (also refilling)
+devices (data parallel with FSDP, and data=2 x model=4 tensor parallel with
+FSDP) equal the same steps on one device, each device drawing only its own
+rows' dropout masks on the data-parallel mesh; greedy, beam (also refilling)
 and sampled decoding with FSDP- and tensor-parallel-sharded parameters, two
 batches at a time, equal decoding on one device one batch at a time.
 
@@ -13,6 +15,8 @@ nearly sign-only update), over several steps, so that an error in one step
 shows in the next steps' values too.
 """
 
+import math
+import re
 import sys
 
 import jax
@@ -55,12 +59,21 @@ def train(devices, fsdp, spec="data=-1,model=1"):
   model, tx, _, shardings, _ = state_lib.build(config, 24, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
   train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
+  words = largest_random_draw(train_fn, state, sharding.place_batch(next(batches()), mesh))
   metrics = []
   for batch in batches():
     state, m = train_fn(state, sharding.place_batch(batch, mesh))
     metrics.append(jax.device_get(m))
   split = [x.sharding.spec for x in jax.tree.leaves(state.params)]
-  return model, state, metrics, split
+  return model, state, metrics, split, words
+
+
+def largest_random_draw(train_fn, state, placed):
+  """Elements in the compiled step's largest uint32 array, per device: the
+  dropout masks' random words (token ids are int32)."""
+  text = train_fn.lower(state, placed).compile().as_text()
+  return max(math.prod(int(d) for d in dims.split(",") if d)
+             for dims in re.findall(r"\bu32\[([0-9,]*)\]", text))
 
 
 def decode_all(model, params, config, mesh, concurrent_batches=None,
@@ -80,9 +93,12 @@ def decode_all(model, params, config, mesh, concurrent_batches=None,
 
 def main():
   assert jax.device_count() == 8, jax.devices()
-  model, single, m_single, _ = train(jax.devices()[:1], fsdp=False)
+  model, single, m_single, _, words_single = train(jax.devices()[:1], fsdp=False)
   for spec, fsdp in MESHES:
-    _, state, metrics, specs = train(jax.devices(), fsdp, spec)
+    _, state, metrics, specs, words = train(jax.devices(), fsdp, spec)
+    if spec.startswith("data=8"):  # Each device draws its own rows' dropout words only.
+      assert words_single >= 16 * 12 * 128 // 2 and words <= words_single // 8, (
+          words, words_single)
     split = {axis for s in specs for axis in tuple(s) if axis}
     want_split = ({sharding.DATA_AXIS} if fsdp else set()) | (
         {sharding.MODEL_AXIS} if "model=4" in spec else set())

@@ -36,7 +36,7 @@ def test_both_halves_of_a_word_are_used_independently():
 @given(shape=st.lists(st.integers(1, 7), min_size=0, max_size=3),
        rate=st.floats(0.0, 0.95), seed=st.integers(0, 2**31 - 1))
 def test_each_element_is_zero_or_scaled(shape, rate, seed):
-  """Any shape (odd sizes take half a word for the last element), any rate."""
+  """Any shape (an odd last axis leaves half of a row's last word unused), any rate."""
   x = jax.random.normal(jax.random.key(seed), tuple(shape)) + 3.0  # never 0
   y = np.asarray(dropout(x, rate, jax.random.key(seed + 1)))
   assert y.shape == x.shape and y.dtype == x.dtype
@@ -46,6 +46,17 @@ def test_each_element_is_zero_or_scaled(shape, rate, seed):
   np.testing.assert_allclose(y[kept], scaled[kept], rtol=1e-6)
   if rate == 0.0:
     assert kept.all()
+
+
+def test_a_row_s_mask_does_not_depend_on_the_rows_after_it():
+  """The words are drawn in the input's shape, so the first rows of a batch get the
+  masks they get alone: what lets a mesh split the draws with the rows
+  (tests/sharded_step_check.py checks that each device draws only its own)."""
+  x = jnp.ones((8, 5, 6))
+  rng = jax.random.key(2)
+  whole = np.asarray(dropout(x, 0.5, rng))
+  for rows in (1, 3, 7):
+    np.testing.assert_array_equal(dropout(x[:rows], 0.5, rng), whole[:rows])
 
 
 def test_module_uses_the_dropout_stream_and_is_off_when_deterministic():
