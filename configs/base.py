@@ -115,7 +115,7 @@ def get_config():
   decode.compact = 0
   # Beam search takes batches this many times as large, searching as many sentences
   # at a time as a normal batch holds, each row starting the next sentence as soon as
-  # its own stops (search._while_refilling; the outputs of the larger batch at once,
+  # its own stops (beam_loops.while_refilling; the outputs of the larger batch at once,
   # which in bfloat16 can round near-ties otherwise). Multi30k test, 8: 1.10x one
   # batch at a time (multi-process jobs, meshes of several GPUs/TPUs), 1.01x two at a
   # time, compiling 1.4 s longer (evaluate/translate --refill 8). Transformer only;

@@ -1,5 +1,5 @@
-"""Tests for transformer/search.py: the searches on toy step functions, against
-exhaustive and reference searches written in numpy."""
+"""Tests for transformer/search.py and beam_loops.py: the searches on toy step
+functions, against exhaustive and reference searches written in numpy."""
 import functools
 import itertools
 

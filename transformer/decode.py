@@ -126,7 +126,7 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   many times beam search may halve its batch as items finish (search.beam_search).
   `refill` = n with 0 < n < B (beam mode with beam_size > 1, static): the B
   sources are searched n at a time, each of the n items' rows taking the next
-  source as soon as its own stops (search._while_refilling; the model's
+  source as soon as its own stops (beam_loops.while_refilling; the model's
   `restart`); otherwise all B at once. Either way the outputs are those of the
   whole batch searched at once.
   """
