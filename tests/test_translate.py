@@ -14,6 +14,7 @@ from tests.test_evaluate import trained_workdir
 from tests.test_plots import assert_png
 from transformer import decode, inference, translate
 from transformer import workdir as workdir_lib
+from transformer.data import tokenizer as tokenizer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERLONG = " ".join(["walk", "left"] * 40)  # 80 words > the 64-token source limit.
@@ -107,6 +108,21 @@ def test_run_reads_stdin_and_writes_stdout(workdir, monkeypatch, capsys):
   assert capsys.readouterr().out == "".join(o + "\n" for o in outputs)
   assert len(outputs) == 5 and outputs[1] == ""
   assert all(w.startswith("I_") for w in " ".join(outputs).split())
+
+
+def test_stdout_is_written_in_utf8_whatever_the_locale_s_encoding(workdir, monkeypatch):
+  """Input is read as UTF-8 and --output files are UTF-8; so is stdout, also where the
+  locale's encoding (here Latin-1) lacks a character of the translation."""
+  decode = tokenizer_lib.Tokenizer.decode
+  monkeypatch.setattr(tokenizer_lib.Tokenizer, "decode",
+                      lambda self, ids: decode(self, ids) + " €☃")
+  raw = io.BytesIO()
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"walk twice\njump\n")))
+  monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="latin-1"))
+  outputs = translate.run(workdir, "-", "-", mode="greedy")
+  sys.stdout.flush()
+  assert raw.getvalue().decode("utf-8") == "".join(o + "\n" for o in outputs)
+  assert len(outputs) == 2 and all(o.endswith(" €☃") for o in outputs)
 
 
 def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):

@@ -65,6 +65,14 @@ def iter_lines(path):
       stream.close()
 
 
+def utf8_stdout():
+  """sys.stdout, writing UTF-8 as --output files do whatever the locale's encoding
+  (a Latin-1 or cp1252 terminal would fail mid-run on the first character it lacks)."""
+  if sys.stdout.encoding.lower().replace("-", "") != "utf8" and hasattr(sys.stdout, "reconfigure"):
+    sys.stdout.reconfigure(encoding="utf-8")
+  return sys.stdout
+
+
 class Overlong:
   """Counts the lines cut to the source limit: the first WARN_EACH are named in a
   warning each as they come, and `summary` gives one line for them all, so that a
@@ -216,7 +224,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   # OUTPUT.partial until complete.
   partial = output_path != "-" and files.writes_through_partial(output_path)
   out = distributed.process_0_only(
-      lambda: (sys.stdout if output_path == "-" else files.open_partial(output_path) if partial
+      lambda: (utf8_stdout() if output_path == "-"
+               else files.open_partial(output_path) if partial
                else open(output_path, "w", encoding="utf-8")),  # pylint: disable=consider-using-with
       "opening --output")
   try:
