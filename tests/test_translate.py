@@ -123,6 +123,9 @@ def test_stdout_is_written_in_utf8_whatever_the_locale_s_encoding(workdir, monke
   sys.stdout.flush()
   assert raw.getvalue().decode("utf-8") == "".join(o + "\n" for o in outputs)
   assert len(outputs) == 2 and all(o.endswith(" €☃") for o in outputs)
+  monkeypatch.setattr(sys, "stdout", io.StringIO())  # No encoding: written as it is.
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"walk twice\n")))
+  assert translate.run(workdir, "-", "-", mode="greedy")[0] + "\n" == sys.stdout.getvalue()
 
 
 def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):

@@ -68,7 +68,8 @@ def iter_lines(path):
 def utf8_stdout():
   """sys.stdout, writing UTF-8 as --output files do whatever the locale's encoding
   (a Latin-1 or cp1252 terminal would fail mid-run on the first character it lacks)."""
-  if sys.stdout.encoding.lower().replace("-", "") != "utf8" and hasattr(sys.stdout, "reconfigure"):
+  encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower().replace("-", "")
+  if encoding != "utf8" and hasattr(sys.stdout, "reconfigure"):  # Not a StringIO.
     sys.stdout.reconfigure(encoding="utf-8")
   return sys.stdout
 
