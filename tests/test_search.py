@@ -405,7 +405,6 @@ def test_compacting_beam_search_equals_the_full_batch_and_runs_fewer_rows():
         assert rows[0] > rows[1] > rows[2], rows
 
 
-
 def test_refilling_beam_search_equals_the_pool_as_one_batch_in_fewer_steps():
   """With refill, B slots work through a pool of P items, each slot starting the
   next item as soon as its own stops: item for item the best hypotheses and

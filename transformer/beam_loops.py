@@ -154,7 +154,7 @@ def while_refilling(done_fn, body_fn, results_fn, cache, B: int, K: int, L: int,
     start_B = done_B & (new_B < P)
     fresh = fresh_items(B, K, L, bos_id, limit_P[jnp.minimum(new_B, P - 1)])
     s = s.replace(start=jnp.where(start_B, s.t, s.start),
-                  **{k: _where_items(start_B, v, getattr(s, k)) for k, v in fresh.items()})
+                  **{k: where_items(start_B, v, getattr(s, k)) for k, v in fresh.items()})
     s = s.replace(done=done_B & ~start_B)
     item_B = jnp.where(start_B, new_B, jnp.where(done_B, P, r.item))
     slots_B = jnp.nonzero(start_B, size=B, fill_value=0)[0]
@@ -200,5 +200,6 @@ def while_refilling(done_fn, body_fn, results_fn, cache, B: int, K: int, L: int,
   return r.seqs[:, None], r.scores[:, None]
 
 
-def _where_items(mask_B: Array, new, old):
+def where_items(mask_B: Array, new, old):
+  """Per item b, new[b] where mask_B[b], else old[b] (whatever the trailing dims)."""
   return jnp.where(mask_B.reshape(mask_B.shape + (1,) * (jnp.ndim(new) - 1)), new, old)

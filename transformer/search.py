@@ -23,6 +23,7 @@ Beam scores use the GNMT length penalty with |Y| = generated tokens including
 EOS. No search chooses PAD or BOS, nor a token whose logit is NaN, while any
 other token is possible (`allowed`).
 """
+import functools
 from typing import Any, Callable, Optional, Tuple, Union
 
 import flax
@@ -389,9 +390,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, *, batch_size: int,
 
     # Done items keep their state, so an item's result does not depend on
     # how long the other items of the batch keep the loop running.
-    def keep(new, old):
-      a = active_B.reshape((B,) + (1,) * (new.ndim - 1))
-      return jnp.where(a, new, old)
+    keep = functools.partial(beam_loops.where_items, active_B)
 
     parent_BxK = keep(parent_BxK, jnp.broadcast_to(jnp.arange(K, dtype=parent_BxK.dtype), (B, K)))
     return beam_loops.BeamState(
