@@ -118,11 +118,25 @@ def test_score_rejects_mismatched_or_empty_input():
 
 def test_result_name_is_filename_safe():
   assert evaluate.result_name("test[:200]", "latest", "beam", 4, 0.6) == (
-      "eval_test_200_latest_beam4-a0.6")
+      "eval_test.to200_latest_beam4-a0.6")
   assert evaluate.result_name("test", 3000, "greedy", 4, 0.6, limit=50) == (
       "eval_test_3000_greedy-n50")
   assert evaluate.result_name("test", "best", "greedy", 4, 0.6, max_extra_len=0) == (
       "eval_test_best_greedy-x0")
+
+
+def test_result_names_keep_different_splits_apart():
+  """Two slices (or other splits) never share a result file: test[:50] and
+  test[50:] were both eval_test_50_..., the second evaluation replacing the first."""
+  splits = ["test", "test[:50]", "test[50:]", "test[:50%]", "test[-50:]", "test[:-50]",
+            "train+test", "train test", "train/test", "train_test", "test[10:20]",
+            "test[10]", "test.to50"]
+  names = [evaluate.result_name(s, "latest", "greedy", 4, 0.6) for s in splits]
+  assert len(set(names)) == len(names), names
+  assert evaluate.result_name("test[50:]", "latest", "greedy", 4, 0.6) == (
+      "eval_test.50to_latest_greedy")
+  for name in names:
+    assert re.fullmatch(r"[A-Za-z0-9._+-]+", name), name
 
 
 def test_another_output_limit_does_not_replace_the_configs_evaluation(workdir):
@@ -146,7 +160,7 @@ def test_evaluate_writes_json_and_exact_match_matches_its_outputs(workdir):
   # Beam search here; translate's tests cover greedy and sampling.
   result, path = evaluate.run(workdir, split="test[:40]", mode="beam", beam_size=2,
                               limit=30)
-  assert os.path.basename(path) == "eval_test_40_latest_beam2-a0.6-n30.json"
+  assert os.path.basename(path) == "eval_test.to40_latest_beam2-a0.6-n30.json"
   with open(path) as f:
     saved = json.load(f)
   assert saved == result

@@ -11,7 +11,8 @@ per target token without label smoothing (teacher-forced; Table 3's "PPL (dev)"
 on the dev split) is reported beside the scores: over the references as the
 model sees them, so one longer than data.max_length counts cut there
 (`truncated_targets` counts those, and a warning says so). Results are printed and
-written to DIR/eval_{split}_{checkpoint}_{mode}.json (mode: greedy, or beam{K}-a{alpha};
+written to DIR/eval_{split}_{checkpoint}_{mode}.json (split in file-name characters:
+test[:50] as test.to50; mode: greedy, or beam{K}-a{alpha};
 '-n{N}' added with --limit, '-x{N}' with a --max_extra_len other than the config's), the hypotheses to the same name with .txt, one per
 line in the split's order.
 
@@ -38,6 +39,7 @@ import json
 import os
 import re
 import time
+import zlib
 
 from absl import app
 from absl import flags
@@ -60,8 +62,26 @@ def result_name(split, checkpoint, mode, beam_size, alpha, limit=None, max_extra
   label = f"beam{beam_size}-a{alpha:g}" if mode == "beam" else mode
   label += (f"-n{limit}" if limit else "") + (
       f"-x{max_extra_len}" if max_extra_len is not None else "")
-  parts = [split, str(checkpoint), label]
-  return "_".join(["eval"] + [re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts])
+  return "_".join(["eval", _file_part(split), _file_part(str(checkpoint)), label])
+
+
+# A split as TFDS writes it: names, each with a slice or not, joined by "+".
+_SLICE_END = r"-?\d*%?"
+_TERM = rf"[\w-]+(?:\[{_SLICE_END}:{_SLICE_END}\])?"
+_SPLIT = re.compile(rf"{_TERM}(?:\+{_TERM})*", re.ASCII)
+_SLICE_SPELLING = str.maketrans({"[": ".", "]": "", ":": "to", "%": "pct"})
+
+
+def _file_part(text: str) -> str:
+  """`text` in file-name characters, one name for one text. A TFDS split has its
+  slices spelled out (test[:50] -> test.to50, test[50:] -> test.50to: a "_"
+  for each character would make both test_50). Anything else is kept where
+  file-name-safe, other characters made "_", and a checksum of `text` appended,
+  so that texts differing only there keep apart."""
+  if _SPLIT.fullmatch(text):
+    return text.translate(_SLICE_SPELLING)
+  safe = re.sub(r"[^A-Za-z0-9_.+-]+", "_", text)
+  return f"{safe}-{zlib.crc32(text.encode()):08x}"
 
 
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
