@@ -68,7 +68,10 @@ def test_only_empty_input(restored):
 def test_iter_lines_keeps_count_and_survives_bad_bytes(tmp_path):
   path = tmp_path / "in.txt"
   path.write_bytes(b"walk\r\n\nlook \xff left\nx\xe2\x80\xa8y\n")
-  assert list(translate.iter_lines(str(path))) == ["walk", "", "look \ufffd left", "x\u2028y"]
+  bad_bytes = translate.LineWarnings("were not valid UTF-8")
+  assert list(translate.iter_lines(str(path), bad_bytes)) == [
+      "walk", "", "look \ufffd left", "x\u2028y"]
+  assert (bad_bytes.count, bad_bytes.first) == (1, 3)  # Counted, not silent.
   # A byte-order mark opening the file is dropped, as the training reader drops it.
   path.write_bytes("\ufeffwalk\n\ufeffwalk\n".encode())
   assert list(translate.iter_lines(str(path))) == ["walk", "\ufeffwalk"]
@@ -164,6 +167,9 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
     patch.setattr(translate.jax, "process_count", lambda: 2)
     with pytest.raises(ValueError, match="--input -: every process of a multi-process job"):
       translate.run(workdir, "-", str(out))
+  for temperature in (0.0, float("nan"), float("inf")):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+      translate.run(workdir, "-", str(out), mode="sample", temperature=temperature)
   with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^32\)"):
     translate.run(workdir, "-", str(out), mode="sample", seed=2**32)
   assert out.read_text() == "keep me\n" and partial.read_text() == "keep me too\n"
@@ -288,6 +294,26 @@ def test_command_streams_each_line_as_it_arrives(workdir):
   finally:
     process.kill()
   assert answers[1] == "\n" and all(a.endswith("\n") and a.strip() for a in answers[::2])
+
+
+def test_line_ends_in_cr_alone_are_refused_and_bad_bytes_warned_of(workdir, tmp_path, capsys):
+  """CR line ends made the whole file one line (one output for three inputs),
+  which the training data's reader refuses; bad UTF-8 bytes were replaced
+  without a word. An existing output stays as it was."""
+  src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+  out.write_text("keep me\n")
+  src.write_bytes(b"jump twice\rwalk left\rrun\r")
+  with pytest.raises(ValueError, match=r"in\.txt:1: lines end in a carriage return \(CR\) "
+                     "alone; they must end in LF or CRLF"):
+    translate.run(workdir, str(src), str(out), mode="greedy")
+  assert out.read_text() == "keep me\n"
+  src.write_bytes(b"walk \xff left\r\nrun\nlook\xe2\x80\n")
+  assert len(translate.run(workdir, str(src), str(out), mode="greedy")) == 3
+  err = capsys.readouterr().err
+  assert "warning: line 1 is not valid UTF-8 (invalid start byte at byte 5)" in err
+  assert "warning: line 3 is not valid UTF-8 (unexpected end of data at byte 4)" in err
+  assert ("warning: 2 of 3 lines were not valid UTF-8 (their bad bytes read as unknown "
+          "characters); the first is line 1") in err
 
 
 def test_many_overlong_lines_are_named_ten_times_then_counted_once(workdir, tmp_path, capsys):

@@ -15,7 +15,9 @@ wrote (an --output file then holds the translations of the first chunks, one
 line each). An empty line gives an empty line; a line longer than the model's
 source limit (min(model.max_len, data.max_length) tokens with EOS) is
 truncated to it: the first 10 such lines are named in a warning each on stderr,
-and a last warning counts them all; unknown characters become the UNK token.
+and a last warning counts them all; unknown characters become the UNK token, and
+so do bad UTF-8 bytes, with warnings as for over-long lines. Lines end in LF or
+CRLF; CR alone (old Mac line ends) is refused, as in the training data.
 --plot_attention draws the encoder-decoder attention of the first non-empty
 line (plots.py).
 """
@@ -39,6 +41,7 @@ import numpy as np
 from transformer import distributed, evaluate, files, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
+from transformer.data import parallel_text
 from transformer.data import tokenizer as tokenizer_lib
 
 
@@ -49,17 +52,25 @@ def source_limit(config):
   return min(config.model.max_len, config.data.max_length)
 
 
-def iter_lines(path):
+def iter_lines(path, bad_bytes=None):
   """The lines of a file or of stdin ('-'), one at a time as they arrive,
-  without line ends; bad UTF-8 bytes become U+FFFD (then UNK) instead of
-  stopping the run. Lines end at "\n" only (not at U+2028 and friends, as
-  str.splitlines() would), so the line count is the file's. A byte-order mark
-  before the first line is dropped, as the training data's reader drops it."""
+  without line ends (LF or CRLF; CR alone is an error, as in the training data).
+  Bad UTF-8 bytes become U+FFFD (then UNK) instead of stopping the run, each
+  such line counted in `bad_bytes` (a LineWarnings). Lines end at "\n" only
+  (not at U+2028 and friends, as str.splitlines() would), so the line count is
+  the file's. A byte-order mark before the first line is dropped, as the
+  training data's reader drops it."""
   stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # pylint: disable=consider-using-with
   try:
-    for number, raw in enumerate(stream):
-      line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
-      yield line.lstrip("\ufeff") if number == 0 else line
+    for number, raw in parallel_text.split_lines(stream, "stdin" if path == "-" else path):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        line = raw.decode("utf-8", errors="replace")
+        if bad_bytes is not None:
+          bad_bytes.add(number, f"is not valid UTF-8 ({e.reason} at byte {e.start}); its "
+                        "bad bytes are read as unknown characters")
+      yield line.lstrip("\ufeff") if number == 1 else line
   finally:
     if stream is not sys.stdin.buffer:
       stream.close()
@@ -74,28 +85,38 @@ def utf8_stdout():
   return sys.stdout
 
 
-class Overlong:
-  """Counts the lines cut to the source limit: the first WARN_EACH are named in a
-  warning each as they come, and `summary` gives one line for them all, so that a
-  million over-long lines do not bury stderr."""
+class LineWarnings:
+  """Warnings about input lines: the first WARN_EACH are named on stderr as they
+  come, and `summary` gives one line for them all (`what` they were), so that a
+  million such lines do not bury stderr."""
 
   WARN_EACH = 10
 
-  def __init__(self, limit: int):
-    self.limit, self.count, self.first = limit, 0, None
+  def __init__(self, what: str):
+    self.what, self.count, self.first = what, 0, None
 
-  def add(self, line: int, tokens: int) -> None:
+  def add(self, line: int, message: str) -> None:
     self.count += 1
     self.first = self.first or line
     if self.count <= self.WARN_EACH and jax.process_index() == 0:
-      print(f"translate: warning: line {line} has {tokens} tokens; keeping the first "
-            f"{self.limit - 1} (the model's source limit is {self.limit} with EOS)",
-            file=sys.stderr)
+      print(f"translate: warning: line {line} {message}", file=sys.stderr)
 
   def summary(self, lines: int) -> str:
-    return (f"translate: warning: {self.count} of {lines} lines were longer than the "
-            f"source limit of {self.limit} tokens (EOS included) and were truncated; the "
-            f"first is line {self.first}")
+    return (f"translate: warning: {self.count} of {lines} lines {self.what}; the first is "
+            f"line {self.first}")
+
+
+class Overlong(LineWarnings):
+  """The lines cut to the source limit."""
+
+  def __init__(self, limit: int):
+    super().__init__(f"were longer than the source limit of {limit} tokens (EOS included) "
+                     "and were truncated")
+    self.limit = limit
+
+  def add(self, line: int, tokens: int) -> None:  # pylint: disable=arguments-renamed
+    super().add(line, f"has {tokens} tokens; keeping the first {self.limit - 1} (the "
+                f"model's source limit is {self.limit} with EOS)")
 
 
 def encode_lines(lines, tokenizer, max_length, first_line=1, overlong=None):
@@ -189,8 +210,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   workdir_lib.checkpoint_location(workdir, checkpoint)
   if mode not in DECODE_MODES:
     raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
-  if temperature <= 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}")
+  if not 0 < temperature < float("inf"):
+    raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
   if chunk_lines < 1:
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
@@ -218,7 +239,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                                              refill),
       temperature=temperature, tokens_per_batch=tokens_per_batch,
       concurrent_batches=concurrent_batches)
-  lines = iter_lines(input_path)
+  bad_bytes = LineWarnings("were not valid UTF-8 (their bad bytes read as unknown characters)")
+  lines = iter_lines(input_path, bad_bytes)
   outputs, count, first = [], 0, None
   overlong = Overlong(source_limit(config))
   # Every process holds every output; the first writes them, a file as
@@ -252,8 +274,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
       files.close_partial(out, output_path)
     elif out not in (None, sys.stdout):
       out.close()
-  if overlong.count and jax.process_index() == 0:
-    print(overlong.summary(count), file=sys.stderr)
+  for warnings in (bad_bytes, overlong):
+    if warnings.count and jax.process_index() == 0:
+      print(warnings.summary(count), file=sys.stderr)
   if plot_attention:
     if first is None:
       raise ValueError("nothing to plot: every input line is empty or encodes to no tokens")

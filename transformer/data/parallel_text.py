@@ -25,18 +25,25 @@ def find_file(text_dir, split, lang):
   return found[0]
 
 
+def split_lines(stream, name):
+  """Yields (1-based line number, raw bytes without the line end) of a binary
+  stream, lines ending in LF or CRLF; ValueError, naming `name`, for CR alone
+  (old Mac line ends), with which the whole file would read as one line."""
+  for n, raw in enumerate(stream, start=1):
+    line = raw.rstrip(b'\r\n')
+    if b'\r' in line and not raw.endswith(b'\n'):
+      raise ValueError(f'{name}:{n}: lines end in a carriage return (CR) alone; they '
+                       'must end in LF or CRLF')
+    yield n, line
+
+
 def _lines(path):
-  """Yields (1-based line number, raw bytes without the line end); errors name the file."""
+  """split_lines of a plain or gzip file; errors name the file."""
   opener = gzip.open if path.endswith('.gz') else open
   n = 0
   try:
     with opener(path, 'rb') as f:
-      for n, raw in enumerate(f, start=1):
-        line = raw.rstrip(b'\r\n')
-        if b'\r' in line and not raw.endswith(b'\n'):
-          # CR line ends (old Mac): the whole file would read as one sentence.
-          raise ValueError(f'{path}:{n}: lines end in a carriage return (CR) alone; they '
-                           'must end in LF or CRLF')
+      for n, line in split_lines(f, path):
         yield n, line
   except (OSError, EOFError, zlib.error) as e:  # Corrupt or truncated gzip stream.
     raise ValueError(f'{path}: cannot read after line {n}: {e}') from e
