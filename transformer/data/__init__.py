@@ -20,6 +20,8 @@ prefetch.
 import collections
 import typing
 
+from absl import logging
+
 from transformer.data import pipeline
 from transformer.data import sources
 from transformer.data import tokenizer as tokenizer_lib
@@ -67,6 +69,24 @@ def iter_eval(data_config, tokenizer, split, chunk=sources.CHUNK, limit=None):
       return
 
 
+DROP_WARNING = 0.01  # The share of training pairs dropped that is warned of.
+
+
+def _warn_of_drops(stats, data_config) -> None:
+  """A warning where a setting (or the data) drops a noticeable share of the
+  training pairs, which the data stats' INFO line alone would leave unseen."""
+  total = stats['total']
+  for key, why, fix in (
+      ('dropped_overlong', f'longer than data.max_length={data_config.max_length} tokens '
+       f"(data.overlong={data_config.overlong!r})", "raise data.max_length, or set "
+       "data.overlong='truncate' to keep them cut"),
+      ('dropped_empty', 'with a side that encodes to no tokens', 'check the data')):
+    if stats[key] and stats[key] >= DROP_WARNING * total:
+      logging.warning('Training drops %d of the %d pairs of split %r (%.1f%%) as %s; %s.',
+                      stats[key], total, data_config.train_split, 100 * stats[key] / total,
+                      why, fix)
+
+
 def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
                        shard_index=0, shard_count=1):
   """Loads train and eval splits, gets the tokenizer (load_or_train), builds the train iterator.
@@ -84,6 +104,7 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
         f'of its {train_stats["total"]} pairs, {train_stats["dropped_overlong"]} are longer '
         f'than data.max_length={data_config.max_length} tokens (data.overlong='
         f'{data_config.overlong!r}) and {train_stats["dropped_empty"]} have an empty side')
+  _warn_of_drops(train_stats, data_config)
   eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split)
   batches = TrainBatches(
       train_examples, tokens_per_batch=data_config.tokens_per_batch, seed=seed,
