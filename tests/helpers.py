@@ -1,14 +1,18 @@
 """Small shared fixtures for the tests: a tiny model, a tiny experiment, random
-token batches, and the sweep files and fake workdirs of the sweep and results tests."""
+token batches, train.py's flag parsing, and the sweep files and fake workdirs of
+the sweep and results tests."""
 
 import json
 import os
 
+from absl import flags
 import jax
 import jax.numpy as jnp
+from ml_collections import config_flags
 import numpy as np
 
 from configs import default
+from transformer import runtime
 from transformer.config import ModelConfig
 from transformer.model import Transformer
 
@@ -18,6 +22,20 @@ MULTI30K = os.path.join(ROOT, "configs", "multi30k.py")
 
 TINY = dict(input_vocab_size=23, output_vocab_size=23, num_layers=2, d_model=32,
             d_ff=64, num_heads=4, dropout=0.0, max_len=32)
+
+
+def train_flags(config_path, *overrides):
+  """(config, None) of `train.py --config CONFIG_PATH OVERRIDES` as train.py
+  parses it, or (None, the one line it stops with)."""
+  argv = ["train.py", "--config", config_path, *overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)  # Overrides come from argv.
+  try:
+    runtime.parse_flags(argv, "train", flag_values=flag_values)
+  except SystemExit as e:
+    return None, str(e.code)
+  return flag_values["config"].value, None
 
 
 def tiny_config(**overrides) -> ModelConfig:

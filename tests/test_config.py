@@ -9,6 +9,7 @@ import pytest
 from configs import base, big, default
 from transformer.config import ModelConfig, check_config, model_config
 from transformer.summary import format_table, parameter_rows, parameter_shapes
+from tests.helpers import DEFAULT, train_flags
 
 
 def count(config):
@@ -185,3 +186,37 @@ def test_old_attention_type_key_still_loads():
 def test_all_configs_check():
   for module in (base, big, default):
     check_config(module.get_config())
+
+
+CONFIG_FILE_MISTAKES = [
+    # (the body of get_config, what the one line says)
+    ("c = default.get_config()\n  c.model.dmodel\n  return c",
+     'bad.py:5: AttributeError: \'dmodel\' Did you mean "d_model" instead of "dmodel"?'),
+    ("return {}['missing']", "bad.py:4: KeyError: missing"),
+    ("return undefined_name", "bad.py:4: NameError: name 'undefined_name' is not defined"),
+    ("return 3", "bad.py: get_config() returned an object of type 'int', not an "
+     "ml_collections.ConfigDict"),
+    ("c = default.get_config()\n  del c['decode']\n  return c",
+     "bad.py lacks the config section(s) decode: a config holds model, data, optim, train, "
+     "decode"),
+]
+
+
+@pytest.mark.parametrize("body, said", CONFIG_FILE_MISTAKES)
+def test_a_mistake_in_a_config_file_is_named_where_it_is(body, said, tmp_path):
+  """A mistake inside a config file was reported as a command-line field ("\\'dmodel\\'
+  \\nDid you mean ...: no such field in the config"), or as a traceback from the
+  first field read; now the file and line, or what the file built, are named."""
+  path = tmp_path / "bad.py"
+  path.write_text(f"from configs import default\n\ndef get_config():\n  {body}\n")
+  config, error = train_flags(str(path))
+  assert config is None and error.startswith("train: error: ") and "\n" not in error, error
+  assert said in error, error
+
+
+def test_a_field_the_config_lacks_is_named_with_ml_collections_suggestion():
+  assert train_flags(DEFAULT, "--config.model.dmodel=3")[1] == (
+      'train: error: --config.model.dmodel: no such field in the config (Did you mean '
+      '"d_model" instead of "dmodel"?)')
+  assert train_flags(DEFAULT, "--config.bogus=1")[1] == (
+      "train: error: --config.bogus: no such field in the config")

@@ -432,6 +432,10 @@ def test_missing_workdir_or_damaged_config_is_named(tmp_path):
   (tmp_path / "config.json").write_text('[1, 2]')
   with pytest.raises(ValueError, match=r"config.json holds a list, not a config"):
     evaluate.run(str(tmp_path))
+  (tmp_path / "config.json").write_text('{"model": {}, "data": {}}')  # Sections lost.
+  with pytest.raises(ValueError, match=r"config.json lacks the config section\(s\) optim, "
+                     "train, decode"):
+    evaluate.run(str(tmp_path))
 
 
 def test_a_best_checkpoint_being_replaced_is_named(tmp_path):

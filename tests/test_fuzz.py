@@ -10,17 +10,13 @@ import os
 import re
 import tempfile
 
-from absl import flags
 from hypothesis import HealthCheck, given, settings, strategies as st
-from ml_collections import config_flags
 import pytest
 
 from configs import default
-from transformer import runtime
 from transformer.config import check_config
 from transformer.data import parallel_text
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import DEFAULT, train_flags
 
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -201,20 +197,6 @@ def test_a_value_out_of_range_is_refused_naming_the_field(case):
   assert field in message and "\n" not in message, message
 
 
-def _train_flags(override):
-  """(config, None) of `train.py --config configs/default.py OVERRIDE` as
-  train.py parses it, or (None, the one line it stops with)."""
-  argv = ["train.py", "--config", os.path.join(ROOT, "configs", "default.py"), override]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)  # Overrides come from argv.
-  try:
-    runtime.parse_flags(argv, "train", flag_values=flag_values)
-  except SystemExit as e:
-    return None, str(e.code)
-  return flag_values["config"].value, None
-
-
 _ANY_TEXT = st.one_of(
     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
             max_size=12),
@@ -225,7 +207,7 @@ _ANY_TEXT = st.one_of(
 @FUZZ
 @given(st.sampled_from(FIELDS), _ANY_TEXT)
 def test_any_override_parses_and_checks_or_stops_in_one_line_naming_the_field(field, text):
-  config, error = _train_flags(f"--config.{field}={text}")
+  config, error = train_flags(DEFAULT, f"--config.{field}={text}")
   if error is not None:
     assert error.startswith("train: error: ") and "\n" not in error, error
     assert f"--config.{field}" in error, error

@@ -186,8 +186,21 @@ def model_config(config, vocab_size: int = 0, **overrides) -> ModelConfig:
                                  output_vocab_size=vocab_size, **overrides)
 
 
+SECTIONS = ("model", "data", "optim", "train", "decode")  # Of every config (configs/base.py).
+
+
+def check_sections(config, where: str) -> None:
+  """ValueError naming what `where` lacks of SECTIONS, before any field is read
+  from them (which would fail with a KeyError naming the field alone)."""
+  missing = [s for s in SECTIONS if not hasattr(config.get(s), "get")]
+  if missing:
+    raise ValueError(f"{where} lacks the config section(s) {', '.join(missing)}: a config "
+                     f"holds {', '.join(SECTIONS)}, as configs/base.py's get_config builds them")
+
+
 def check_config(config) -> None:
   """Checks the fields outside `config.model`; raises ValueError naming the field."""
+  check_sections(config, "the config")
 
   def value(field):
     node = config

@@ -167,24 +167,62 @@ def one_line_errors(command: str, extra=()):
 
 def parse_flags(argv, command: str, config_flag: str = "config", flag_values=None):
   """absl's flag parsing (app.run's flags_parser), with a bad flag or a bad
-  config flag (a file that does not load, an override of a field the config
-  lacks, a value of the wrong type) stopping `command` in one line naming it,
-  instead of absl's usage note or a traceback from ml_collections."""
+  config flag (a file that does not load, a mistake inside the file, a file
+  that builds no config, an override of a field the config lacks, a value of
+  the wrong type) stopping `command` in one line naming it, instead of absl's
+  usage note or a traceback from ml_collections."""
   from absl import flags  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from transformer import config as config_lib  # pylint: disable=g-import-not-at-top
   flag_values = flags.FLAGS if flag_values is None else flag_values
   try:
     rest = flag_values(argv)
-    if flag_values[config_flag].value is not None:
-      flag_values[config_flag].value.get("model")  # A file that failed to load raises here.
-  except (AttributeError, KeyError) as e:  # ml_collections: a field the config lacks.
-    name = str(e).strip("\"'")
-    given = [a.split("=")[0] for a in argv[1:] if a.startswith(f"--{config_flag}.")
-             and name in a.split("=")[0].split(".")]
-    sys.exit(f"{command}: error: {given[0] if given else name}: no such field in the config")
-  except (flags.Error, OSError, ValueError, TypeError) as e:
+    config = flag_values[config_flag].value if config_flag in flag_values else None
+    if config is not None:
+      where = f"--{config_flag} {flag_values[config_flag].config_filename}"
+      if not isinstance(config, ml_collections.ConfigDict):
+        getattr(config, "get", None)  # ml_collections' stand-in for a file that failed to load raises.
+        raise ValueError(f"{where}: get_config() returned an object of type "
+                         f"{type(config).__name__!r}, not an ml_collections.ConfigDict")
+      config_lib.check_sections(config, where)
+  except Exception as e:  # pylint: disable=broad-except
+    frame = _frame_outside_libraries(e)
+    if frame is not None:  # A mistake in the config file's own code.
+      sys.exit(f"{command}: error: {frame.filename}:{frame.lineno}: {type(e).__name__}: "
+               f"{' '.join(_message(e).split())}")
+    if isinstance(e, (AttributeError, KeyError)):
+      # ml_collections: a field the config lacks, as "'name'\nDid you mean ...?".
+      name, *hint = _message(e).splitlines() or [""]
+      name = name.strip("\"'")
+      given = [a.split("=")[0] for a in argv[1:] if a.startswith(f"--{config_flag}.")
+               and name in a.split("=")[0].split(".")]
+      hint = f" ({' '.join(hint).strip()})" if hint else ""
+      sys.exit(f"{command}: error: {given[0] if given else name}: no such field in the "
+               f"config{hint}")
+    if not isinstance(e, (flags.Error, OSError, ValueError, TypeError)):
+      raise
     # ml_collections' messages run over lines (a file's traceback, the paths
     # tried): the first says what failed, the last why.
     lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [type(e).__name__]
     message = lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
     sys.exit(f"{command}: error: {message}")
   return rest
+
+
+def _message(error) -> str:
+  """An exception's own text: ml_collections raises AttributeError(KeyError(text)),
+  whose str() is the KeyError's repr, quotes and escaped newlines included."""
+  while isinstance(error, BaseException) and len(error.args) == 1:
+    error = error.args[0]
+  return str(error)
+
+
+def _frame_outside_libraries(error):
+  """The innermost traceback frame of `error` in code of neither Python's, the
+  installed packages' nor this package's (a config file's, say), or None."""
+  import traceback  # pylint: disable=g-import-not-at-top
+  ours = (os.path.dirname(os.__file__), os.path.dirname(os.path.abspath(__file__)))
+  frames = [f for f in traceback.extract_tb(error.__traceback__)
+            if not f.filename.startswith("<") and "-packages" not in f.filename
+            and not os.path.abspath(f.filename).startswith(ours)]
+  return frames[-1] if frames else None

@@ -45,6 +45,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
       raise ValueError(f"{path} is not valid JSON (damaged or truncated?): {e}") from e
   if not isinstance(values, dict):
     raise ValueError(f"{path} holds a {type(values).__name__}, not a config")
+  config_lib.check_sections(values, path)
   # Workdirs written before config.model.attention_bias existed were trained with
   # biased attention projections (Flax's default then).
   values.get("model", {}).setdefault("attention_bias", True)
