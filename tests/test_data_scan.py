@@ -1,4 +1,6 @@
 """SCAN generated from its grammar: size, known pairs, splits, TFDS builder."""
+import re
+
 import ml_collections
 import pytest
 
@@ -68,6 +70,15 @@ def test_tfds_builder_via_load_pairs(tmp_path):
   assert (tmp_path / 'scan' / 'length' / scan.Scan.VERSION.__str__()).is_dir()
   with pytest.raises(ValueError, match="'train' and 'test'"):
     sources.load_pairs(config, 'validation')
+  # Slices that select nothing or do not parse: a TensorFlow traceback, or TFDS's
+  # "Instruction [] corresponds to no data!" naming no split, before.
+  assert len(sources.load_pairs(config, 'test[-5:]')) == 5
+  for split, said in (('test[5:2]', 'selects no examples'), ('train[:0]', 'selects no examples'),
+                      ('test[abc]', "Unrecognized split format: 'test[abc]'"),
+                      ('test[200%:]', 'When unit=%, percent slice boundaries should be in [-100, 100]')):
+    with pytest.raises(ValueError, match=re.escape(f"split {split!r} of scan") + ":? "
+                       + re.escape(said)):
+      sources.load_pairs(config, split)
 
 
 def _lose_the_race(self, *args, **kwargs):

@@ -30,6 +30,16 @@ def prepare_command(name, data_dir):
 def _iter_tfds(builder, split, keys, chunk):
   """Lists of up to `chunk` rows of `split`, each a tuple of str, one per key in `keys`."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  # A bad or empty slice would fail in as_dataset with a TensorFlow traceback.
+  try:
+    size = builder.info.splits[split].num_examples
+  except (KeyError, ValueError) as e:
+    if builder.is_prepared():  # Else as_dataset says that it is not (_iter_registered).
+      reason = [line for line in str(e).strip("'\"").splitlines() if line.strip()][-1]
+      raise ValueError(f'split {split!r} of {builder.name}: {reason}') from e
+    size = None
+  if size is not None and size <= 0:
+    raise ValueError(f'split {split!r} of {builder.name} selects no examples')
   ds = builder.as_dataset(split=split, shuffle_files=False).batch(chunk)
   for batch in tfds.as_numpy(ds):
     columns = [[b.decode('utf-8') for b in np.asarray(batch[k]).tolist()] for k in keys]
