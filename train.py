@@ -22,8 +22,10 @@ import sys  # pylint: disable=g-import-not-at-top
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
+from transformer import config as config_lib
 from transformer import distributed, preemption, training
 from transformer import workdir as workdir_lib
 
@@ -43,6 +45,10 @@ def main(argv):
     sys.exit(f"train: error: unexpected arguments {argv[1:]}")
   config = _CONFIG.value
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
+  overridden = [a[len("--config."):].partition("=")[0] for a in sys.argv[1:]
+                if a.startswith("--config.")]
+  for field, why in config_lib.unread_overrides(config, overridden):
+    logging.warning("--config.%s %s: this run trains as without it.", field, why)
   try:
     # In a multi-process job a failing process exits at once (distributed.py);
     # alone, a bad value stops it in one line.

@@ -68,6 +68,18 @@ def unread_model_field(model, name: str) -> Optional[str]:
   return None
 
 
+def unread_overrides(config, fields) -> list:
+  """(field, why) of each overridden field (e.g. 'model.num_heads') that the
+  config's model does not read: an ablation of it would train the base again."""
+  unread = []
+  for field in fields:
+    section, _, name = field.partition(".")
+    why = unread_model_field(config.model, name) if section == "model" else None
+    if why:
+      unread.append((field, why))
+  return unread
+
+
 def resolve_dtype(dtype: str, backend: str = "") -> str:
   """model.dtype with "auto" resolved for this backend (or the one named)."""
   if dtype != "auto":
