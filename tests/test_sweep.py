@@ -2,8 +2,10 @@
 ones named), emitted commands that parse back into the same configs, and the
 run/skip/resume/failure rules (tests/test_results.py: the collected table)."""
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -448,6 +450,73 @@ def test_real_sweep_of_two_tiny_variants(tmp_path, tmp_path_factory, monkeypatch
       sweep.variants[0].config, vocab_size=23)
   with open(os.path.join(workdir, "base", "train.log")) as f:
     assert "(2/2)" in f.read()  # clu's progress note at the last step.
+
+
+
+def _processes_naming(text) -> list:
+  """Pids of the processes whose command line holds `text`."""
+  pids = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if text.encode() in f.read():
+          pids.append(int(pid))
+    except OSError:  # Gone meanwhile.
+      pass
+  return pids
+
+
+def test_a_signal_to_the_sweep_stops_its_training_and_is_recorded(tmp_path, tmp_path_factory):
+  """A SIGTERM to the sweep alone (the audit's: it died, its train.py trained on
+  unattended and train.log lost the attempt's buffered lines), then a Ctrl-C to
+  its process group, as a terminal sends (a KeyboardInterrupt traceback and a
+  status left 'running'): each time train.py gets the signal once, saves and
+  exits, its last lines reach train.log, the attempt is recorded as stopped
+  with its time, and the sweep exits 128 + the signal with one line."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('seed1', {{'seed': 1}})]\n")
+  tfds_dir = process_helpers.scan_tfds_dir(tmp_path_factory)
+  workdir = str(tmp_path / "runs")
+  long = ["train.num_steps=100000", "train.eval_every=100000", "train.checkpoint_every=100000"]
+  sets = [s for s in TINY if s.partition("=")[0] not in {o.partition("=")[0] for o in long}
+          ] + long + [f"data.tfds_data_dir={tfds_dir}"]
+  command = [sys.executable, "-m", "transformer.sweep", "--sweep", path, "--workdir", workdir,
+             *[a for s in sets for a in ("--set", s)]]
+  variant_dir = os.path.join(workdir, "base")
+  walls = [0.0]
+  for attempt, (signum, to_group) in enumerate(((signal.SIGTERM, False),
+                                                (signal.SIGINT, True)), start=1):
+    log_path = str(tmp_path / f"sweep{attempt}.log")
+    with open(log_path, "ab") as log:
+      sweep = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               env=process_helpers.command_env(), start_new_session=True)
+    try:
+      start = len(process_helpers.read(log_path))
+      process_helpers.wait_for(log_path, r"\] \[\d+\] train/", sweep)
+      if to_group:
+        os.killpg(sweep.pid, signum)
+      else:
+        sweep.send_signal(signum)
+      assert sweep.wait(timeout=120) == 128 + signum
+    finally:
+      for pid in [sweep.pid] + _processes_naming(variant_dir):  # The old code's orphans.
+        with contextlib.suppress(ProcessLookupError):
+          os.kill(pid, signal.SIGKILL)
+    output = process_helpers.read(log_path)[start:]
+    name = signal.Signals(signum).name
+    assert "Traceback" not in output and output.rstrip().splitlines()[-1] == (
+        f"sweep: stopped by {name}; rerun the same command to resume base and run the "
+        "rest"), output[-3000:]
+    with open(os.path.join(variant_dir, "train.log")) as f:
+      assert f"train: stopped by {name} after step" in f.read().splitlines()[-1]
+    status = results.read_status(variant_dir)
+    assert (status["status"], status["attempts"]) == ("stopped", attempt)
+    assert status["error"].startswith(f"train.py exited with status {128 + signum}: "
+                                      f"train: stopped by {name} after step ")
+    assert status["wall_seconds"] > walls[-1] + 1.0
+    walls.append(status["wall_seconds"])
+    assert status["steps"] == results.latest_step(variant_dir) > 0
+  assert not os.path.exists(os.path.join(workdir, "seed1"))  # Stopped before it started.
 
 
 def test_a_variant_named_like_a_table_file_is_refused(tmp_path):

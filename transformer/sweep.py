@@ -39,20 +39,28 @@ same); a rerun skips it, and restarts any other (train.py resumes from its lates
 checkpoint) unless its checkpoints were trained with other settings than
 CONTINUABLE ones (num_steps, cadences, the mesh, data paths, speed-only fields),
 compared on the resolved configs: such a variant is reported 'stale' and left
-as it is, so that no row is labelled with settings it did not train under. A variant that fails is recorded as failed, with its error,
-and the sweep goes on. `--collect` writes results.md and results.csv (transformer/results.py).
+as it is, so that no row is labelled with settings it did not train under. A
+variant that fails is recorded as failed, with its error, and the sweep goes
+on. A SIGTERM or a Ctrl-C to the sweep is passed on to the variant training
+(train.py saves a checkpoint and stops), whose train.log keeps every line; the
+attempt is recorded as stopped, with its time, and the sweep exits with
+128 + the signal's number, as train.py does; a rerun resumes it. `--collect`
+writes results.md and results.csv (transformer/results.py).
 """
 
 import contextlib
 import copy
 import dataclasses
+import functools
 import itertools
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Optional
 
@@ -61,7 +69,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from transformer import lock, results
+from transformer import launch, lock, preemption, results
 from transformer import workdir as workdir_lib
 from transformer import config as config_lib
 from transformer.config import check_config, load_file, resume_changes, unread_model_field
@@ -213,19 +221,63 @@ def slurm_script(sweep: Sweep, workdir: str, name: str) -> str:
       ""])
 
 
-def train_subprocess(argv: list, variant_dir: str) -> None:
-  """Runs `python train.py argv`, its output shown and appended to train.log;
-  raises RuntimeError with the output's last line if it fails."""
+class StopSignals:
+  """SIGTERM and SIGINT to a running sweep (`received`: the first one's number):
+  the sweep starts nothing more, and passes each one on to the variant in
+  training, whose train.py saves a checkpoint on the first and stops at once on
+  a second (transformer/preemption.py), as if it had been sent to train.py."""
+
+  def __init__(self):
+    self.received = None
+    self._child, self._previous = None, {}
+
+  def __enter__(self) -> "StopSignals":
+    if threading.current_thread() is threading.main_thread():  # Python's rule.
+      self._previous = {s: signal.signal(s, self._handle) for s in preemption.SIGNALS}
+    return self
+
+  def __exit__(self, *exc_info):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    self._previous = {}
+
+  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+    self.received = self.received or signum
+    if self._child is not None:
+      self._child.send_signal(signum)
+
+  @contextlib.contextmanager
+  def forwarding(self, child: subprocess.Popen):
+    self._child = child
+    try:
+      if self.received:  # One that came while it started.
+        child.send_signal(self.received)
+      yield
+    finally:
+      self._child = None
+
+
+def train_subprocess(argv: list, variant_dir: str,
+                     signals: Optional[StopSignals] = None) -> None:
+  """Runs `python train.py argv`, each line of its output shown and appended to
+  train.log as it comes (a sweep killed mid-run keeps every line before);
+  raises RuntimeError with the output's last line if it fails. train.py runs in
+  a session of its own, so that a terminal's Ctrl-C reaches the sweep alone,
+  which passes it on once (`signals`), and gets SIGTERM should the sweep die
+  (launch's PR_SET_PDEATHSIG): it is never left training unattended."""
   last = ""
-  with open(os.path.join(variant_dir, "train.log"), "a") as log, subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, "train.py")] + argv, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+  command = launch._child_command([os.path.join(ROOT, "train.py")] + argv)  # pylint: disable=protected-access
+  with open(os.path.join(variant_dir, "train.log"), "a", buffering=1) as log, \
+      subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, bufsize=1,
+                       start_new_session=True) as process, \
+      signals.forwarding(process) if signals else contextlib.nullcontext():
     for line in process.stdout:
       sys.stderr.write(line)
       log.write(line)
       last = line.strip() or last
   if process.returncode:
-    raise RuntimeError(f"train.py exited with status {process.returncode}: {last}")
+    raise RuntimeError(f"train.py {launch.how_it_ended(process.returncode)}: {last}")
 
 
 # Fields a rerun may change and still continue a variant's checkpoints: how long
@@ -285,13 +337,24 @@ def _finished_as(previous: dict, recipe: dict, variant_dir: str) -> bool:
 SWEEP_LOCK_DIR = ".sweep"
 
 
-def run_local(sweep: Sweep, workdir: str,
-              train: Callable[[list, str], None] = train_subprocess) -> dict:
+def run_local(sweep: Sweep, workdir: str, train: Optional[Callable[[list, str], None]] = None,
+              signals: Optional[StopSignals] = None) -> dict:
   """Trains the valid variants one after another; returns {name: status}
-  ('finished', 'failed', 'skipped', 'stale': checkpoints of another recipe, or
-  'busy': another process, another sweep or its training say, holds its workdir)."""
+  ('finished', 'failed', 'skipped', 'stale': checkpoints of another recipe,
+  'busy': another process, another sweep or its training say, holds its
+  workdir, or 'stopped': a SIGTERM or SIGINT to the sweep stopped its training,
+  after which the sweep starts no other; `signals.received` says which)."""
+  signals = signals or StopSignals()
+  train = train or functools.partial(train_subprocess, signals=signals)
+  with signals:
+    return _run_all(sweep, workdir, train, signals)
+
+
+def _run_all(sweep: Sweep, workdir: str, train, signals: StopSignals) -> dict:
   done = {}
   for variant in sweep.valid:
+    if signals.received:
+      break
     variant_dir = os.path.join(workdir, variant.name)
     os.makedirs(variant_dir, exist_ok=True)
     with contextlib.ExitStack() as held:
@@ -303,12 +366,16 @@ def run_local(sweep: Sweep, workdir: str,
         logging.warning("%s: not run: %s", variant.name, e)
         done[variant.name] = "busy"
         continue
-      done[variant.name] = _run_variant(sweep, variant, workdir, train)
+      status = _run_variant(sweep, variant, workdir, train, signals)
+      if status:
+        done[variant.name] = status
   return done
 
 
-def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train) -> str:
-  """run_local's decision and training for one variant; its status."""
+def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train,
+                 signals: StopSignals) -> Optional[str]:
+  """run_local's decision and training for one variant; its status (None:
+  not started, the sweep being stopped)."""
   variant_dir = os.path.join(workdir, variant.name)
   recipe = {"base": sweep.base, "overrides": sweep.overrides(variant)}
   previous = results.read_status(variant_dir) or {}
@@ -322,6 +389,8 @@ def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train) -> str:
                   "use another --workdir, or remove %s to train it again.",
                   variant.name, "; ".join(changes), variant_dir)
     return "stale"
+  if signals.received:
+    return None
   argv = train_argv(sweep, variant, workdir)
   # A killed attempt records no time of its own; the earlier attempts' stays.
   status = {**recipe, "status": "running", "attempts": previous.get("attempts", 0) + 1,
@@ -334,8 +403,12 @@ def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train) -> str:
     train(argv, variant_dir)
     status.update(status="finished", error=None)
   except Exception as e:  # pylint: disable=broad-except
-    status.update(status="failed", error=str(e))
-    logging.error("%s failed: %s", variant.name, e)
+    if signals.received:  # A rerun resumes it, as it does a failed one.
+      status.update(status="stopped", error=str(e))
+      logging.warning("%s stopped: %s", variant.name, e)
+    else:
+      status.update(status="failed", error=str(e))
+      logging.error("%s failed: %s", variant.name, e)
   # This attempt's time plus the earlier attempts' that ended (a killed one has none).
   status.update(wall_seconds=status["wall_seconds"] + time.time() - start,
                 steps=results.latest_step(variant_dir))
@@ -431,8 +504,15 @@ def main(argv):
     print(f"wrote {' and '.join(os.path.join(workdir, n) for n in results.TABLE_FILES)}",
           file=sys.stderr)
   else:
-    done = run_local(sweep, workdir)
+    signals = StopSignals()
+    done = run_local(sweep, workdir, signals=signals)
     print("\n".join(f"{name}: {status}" for name, status in done.items()))
+    if signals.received:
+      stopped = [name for name, status in done.items() if status == "stopped"]
+      sys.stderr.write(f"sweep: stopped by {signal.Signals(signals.received).name}; rerun "
+                       "the same command to " + (f"resume {stopped[0]} and run the rest\n"
+                                                 if stopped else "run the rest\n"))
+      sys.exit(128 + signals.received)
     if {"failed", "stale"} & set(done.values()):
       sys.exit(1)
 
