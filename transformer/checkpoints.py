@@ -35,9 +35,12 @@ read alone: the processes share what each read met, and a step that any of them
 could not read is unreadable for all.
 """
 
+import asyncio
+import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import threading
 import zlib
@@ -84,6 +87,21 @@ class NewerCheckpointError(runtime.CommandError):
 def _first_line(error: Exception) -> str:
   """`Type: first line` of an error (runtime.first_line)."""
   return f"{type(error).__name__}: {runtime.first_line(error)}"
+
+
+def _reason(error: Exception) -> str:
+  """Why a read failed, in one line: the innermost error of the chain that has
+  a message. Orbax wraps TensorStore's error, which names the array's chunk, the
+  file and what is wrong (`Error reading "params.w/0.0" in OCDBT database at ...:
+  Requested byte range [0, 7610) is not valid for value of size 1000`), in one
+  that gives only the chunk's index and the repr of a bound method. Without the
+  spec that TensorStore may append (its whole JSON), and up to 400 characters:
+  the file's path is in it."""
+  while error.__cause__ is not None and str(error.__cause__).strip():
+    error = error.__cause__
+  line = (str(error).strip().splitlines() or [""])[0]
+  line = re.sub(r" \[(tensorstore_spec|source locations)\b.*", "", line)
+  return f"{type(error).__name__}: {line[:400]}"
 
 
 def _words(x):
@@ -170,6 +188,56 @@ def _check(state, data_state, saved: dict) -> None:
                      "changed after they were written")
 
 
+# How long a failed read waits for the reads that were running beside it.
+_FINISH_S = 60
+
+
+class _FinishingLoop(asyncio.SelectorEventLoop):
+  """An event loop that, when closed, first lets the tasks still running in it
+  end (for at most _FINISH_S seconds, then cancels them).
+
+  Orbax runs a restore's reads as tasks of a fresh loop and closes it as soon as
+  one read fails. The other reads' TensorStore operations go on in TensorStore's
+  threads, and each, when done, schedules its task on the closed loop: that
+  prints `RuntimeError: Event loop is closed` (and `Exception ignored in:
+  <coroutine ...>` for each task dropped unfinished), up to hundreds of times,
+  after the one-line error."""
+
+  def close(self):
+    pending = [t for t in asyncio.all_tasks(self) if not t.done()]
+    if pending and not self.is_running() and not self.is_closed():
+      _, late = self.run_until_complete(asyncio.wait(pending, timeout=_FINISH_S))
+      for task in late:
+        task.cancel()
+      if late:
+        self.run_until_complete(asyncio.wait(late))
+      for task in pending:  # Their errors are the reported one's siblings.
+        if not task.cancelled():
+          task.exception()
+    super().close()
+
+
+class _FinishingPolicy(asyncio.DefaultEventLoopPolicy):
+
+  def new_event_loop(self):
+    return _FinishingLoop()
+
+
+@contextlib.contextmanager
+def _finishing_event_loops():
+  """Within it, asyncio.new_event_loop() (which Orbax's restore calls) gives
+  _FinishingLoops."""
+  previous = asyncio.get_event_loop_policy()
+  if isinstance(previous, _FinishingPolicy):  # Already (a nested restore).
+    yield
+    return
+  asyncio.set_event_loop_policy(_FinishingPolicy())
+  try:
+    yield
+  finally:
+    asyncio.set_event_loop_policy(previous)
+
+
 class _ReadFailure:
   """What a process's read of a checkpoint item returned instead of raising."""
 
@@ -180,7 +248,8 @@ class _ReadFailure:
 def _reporting(handler_cls):
   """`handler_cls`, but a failed read returns a _ReadFailure instead of raising:
   Orbax's restore ends at a barrier of all processes, which a process that
-  raised would never reach. Checkpoints record `handler_cls` as their handler."""
+  raised would never reach. Checkpoints record `handler_cls` as their handler.
+  Its reads end before it returns, failed or not (_FinishingLoop)."""
 
   class Reporting(handler_cls):
 
@@ -190,7 +259,8 @@ def _reporting(handler_cls):
 
     def restore(self, directory, args=None):
       try:
-        return super().restore(directory, args=args)
+        with _finishing_event_loops():
+          return super().restore(directory, args=args)
       except Exception as e:  # pylint: disable=broad-except
         return _ReadFailure(e)
 
@@ -214,9 +284,9 @@ def _handlers():
 def _agreed_failure(error):
   """Why a checkpoint read failed, in every process alike: this process's error,
   else the first other process's (named), else None."""
-  messages = distributed.gather_messages("" if error is None else _first_line(error))
+  messages = distributed.gather_messages("" if error is None else _reason(error))
   if error is not None:
-    return _first_line(error)
+    return _reason(error)
   for process, message in enumerate(messages):
     if message:
       return f"process {process} could not read its part: {message}"
