@@ -200,3 +200,49 @@ def test_collect_without_set_resolves_variants_that_scale_with_the_base_as_run(t
   plain = sweep_lib.resolve(path)
   assert [v.name for v in plain.variants] == ["base", "h8"]
   assert [v.name for v in sweep_lib.as_run(plain, workdir).variants] == ["base", "h2"]
+
+
+SCALED = ("BASE = {base!r}\ndef get_sweep(base):\n"
+          "  return [('h{{}}'.format(base.model.num_heads * 2),\n"
+          "           {{'model.num_heads': base.model.num_heads * 2}}),\n"
+          "          ('drop0', {{'model.dropout': 0.0}})]\n")
+
+
+def test_collect_without_set_finds_every_trained_variant_without_a_base_status(tmp_path):
+  """`--only h2,drop0` with --set model.num_heads=1 leaves no base status, from
+  which collect took the run's --set: the table had h8 'not run' and no h2 row.
+  The other variants' statuses record the --set; a workdir that no status
+  places (statuses written before they did, or an emitted command's) is listed
+  with a note, not left out."""
+  from tests.test_sweep import FakeTrainer  # pylint: disable=g-import-not-at-top
+  path = write_sweep(tmp_path, SCALED)
+  sets = ["model.num_heads=1", "train.num_steps=3"]
+  run = sweep_lib.resolve(path, sets=sets)
+  workdir = str(tmp_path / "runs")
+  assert sweep_lib.run_local(sweep_lib.select(run, ["h2", "drop0"]), workdir, FakeTrainer()) == {
+      "h2": "finished", "drop0": "finished"}
+  plain = sweep_lib.resolve(path)  # --collect without --set.
+  markdown = results.collect(sweep_lib.as_run(plain, workdir), workdir)
+  rows = {line.split(" | ")[0][2:]: line for line in markdown.splitlines()
+          if line.startswith("| ") and not line.startswith("| variant")}
+  assert list(rows) == ["base", "h2", "drop0"]
+  assert rows["h2"].endswith(" | finished |") and rows["base"].endswith(" | not run |")
+  assert "On every variant (--set): `model.num_heads=1 train.num_steps=3`." in markdown
+  assert not [line for line in markdown.splitlines() if line.startswith("- ")]
+
+  for name in ("h2", "drop0"):  # As a status written before 'sets' was.
+    status = results.read_status(os.path.join(workdir, name))
+    del status["sets"]
+    results.write_status(os.path.join(workdir, name), status)
+  fake_workdir(os.path.join(workdir, "h4"), run.variants[1].config)  # An emitted command's.
+  markdown = results.collect(sweep_lib.as_run(plain, workdir), workdir)
+  assert [line.split(" | ")[0][2:] for line in markdown.splitlines() if line.startswith("| ")
+          ][1:] == ["base", "h8", "drop0", "h2", "h4"]
+  notes = [line for line in markdown.splitlines() if line.startswith("- ")]
+  assert notes == [
+      "- drop0 (finished): trained with `model.num_heads=1 train.num_steps=3 model.dropout=0.0`, "
+      "not `model.dropout=0.0` as the notes above say",
+      f"- h2 (finished): no variant of {path}; listed as its workdir holds it, trained with "
+      "`train.num_steps=3 model.num_heads=2`",
+      f"- h4: no variant of {path}; listed as its workdir holds it, trained with the settings "
+      "of its config.json (no sweep status)"]

@@ -62,6 +62,33 @@ def read_status(variant_dir: str) -> Optional[dict]:
   return _read_json(path) if os.path.exists(path) else None
 
 
+def read_statuses(workdir: str) -> dict:
+  """{name: status} of the variant workdirs in a sweep's workdir: its folders
+  that hold a config.json or a status (a damaged status read as {}), whatever
+  the sweep resolves to now."""
+  found = {}
+  for name in sorted(os.listdir(workdir)) if os.path.isdir(workdir) else ():
+    variant_dir = os.path.join(workdir, name)
+    if not name.startswith(".") and any(
+        os.path.exists(os.path.join(variant_dir, f)) for f in (STATUS_FILE, "config.json")):
+      found[name] = read_status(variant_dir) or {}
+  return found
+
+
+def recorded_sets(sweep, statuses: dict) -> Optional[list]:
+  """The --set the variants were trained with, as their statuses say (the
+  base's first, then the others'): a status's 'sets', or the base's
+  'overrides' (its own are none); None where no status says."""
+  base = sweep.variants[0].name
+  for name in [base] + [n for n in statuses if n != base]:
+    status = statuses.get(name) or {}
+    if "sets" in status:
+      return status["sets"]
+    if name == base and "overrides" in status:
+      return status["overrides"]
+  return None
+
+
 def write_status(variant_dir: str, status: dict) -> None:
   files.write_atomic(os.path.join(variant_dir, STATUS_FILE),
                      json.dumps(status, indent=2, sort_keys=True) + "\n")
@@ -218,7 +245,8 @@ def to_markdown(rows, metric: str, title: str, notes=()) -> str:
     # A line end (in an override's value, say) would end the table's row.
     lines.append("| " + " | ".join(_LINE_END.sub(" ", c.replace("|", "\\|")) for c in cells)
                  + " |")
-  errors = [f"- {row['variant']} ({row['status']}): " + _LINE_END.sub("\n  ", str(row[key]))
+  errors = [f"- {row['variant']}" + (f" ({row['status']})" if row.get("status") else "")
+            + ": " + _LINE_END.sub("\n  ", str(row[key]))
             for row in rows for key in ("error", "note") if row.get(key)]
   lines += ["", *errors] if errors else []
   return "\n".join(lines) + "\n"
@@ -228,20 +256,34 @@ def collect(sweep, workdir: str, checkpoint: str = "latest"):
   """Writes results.md and results.csv into `workdir`; returns the markdown.
 
   The notes over the table describe the base as its workdir trained it (its
-  config.json and recorded overrides), not as this collect's --set would
-  resolve it: a collect without the run's --set still labels the run's table.
+  config.json) and the --set its variants' statuses record (recorded_sets), not
+  as this collect's --set would resolve them: a collect without the run's --set
+  still labels the run's table. A workdir of no variant as `sweep` resolves
+  them gets a row too, with a note: no trained variant is left out.
   """
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--collect: sweep workdir {workdir!r} does not exist")
   base_dir = os.path.join(workdir, sweep.variants[0].name)
   base = (workdir_lib.load_config(base_dir) if os.path.exists(
       os.path.join(base_dir, "config.json")) else sweep.variants[0].config)
-  # The base has no overrides of its own: what it recorded is the run's --set.
-  sets = (read_status(base_dir) or {}).get("overrides", sweep.sets)
+  statuses = read_statuses(workdir)
+  sets = recorded_sets(sweep, statuses)
+  sets = sweep.sets if sets is None else sets
   as_run = dataclasses.replace(sweep, sets=sets)
   rows = [variant_row(v, os.path.join(workdir, v.name), checkpoint,
                       None if v.error else {"base": sweep.base, "overrides": as_run.overrides(v)})
           for v in sweep.variants]
+  # Workdirs of no variant as resolved here (one that scales with a base whose
+  # --set no status records): listed as found, never left out.
+  for name in sorted(set(statuses) - {v.name for v in sweep.variants}):
+    row = variant_row(dataclasses.replace(sweep.variants[0], name=name, overrides=[]),
+                      os.path.join(workdir, name), checkpoint)
+    trained = statuses[name].get("overrides")
+    row["note"] = (f"no variant of {sweep.path}" + (f" with `{' '.join(sets)}`" if sets else "")
+                   + "; listed as its workdir holds it, trained with "
+                   + (f"`{' '.join(trained) or '(no overrides)'}`" if trained is not None
+                      else "the settings of its config.json (no sweep status)"))
+    rows.append(row)
   metric = metrics_lib.main_metric(base.data.dataset)
   notes = [f"On every variant (--set): `{' '.join(sets)}`." if sets else None,
            f"dev = {base.data.eval_split}, test = {base.data.test_split}; checkpoint "

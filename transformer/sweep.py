@@ -393,7 +393,10 @@ def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train,
     return None
   argv = train_argv(sweep, variant, workdir)
   # A killed attempt records no time of its own; the earlier attempts' stays.
-  status = {**recipe, "status": "running", "attempts": previous.get("attempts", 0) + 1,
+  # "sets": the run's --set, from which --collect resolves the variants that
+  # scale with the base, even where the base itself has no status.
+  status = {**recipe, "sets": sweep.sets, "status": "running",
+            "attempts": previous.get("attempts", 0) + 1,
             "command": shlex.join(["python", "train.py"] + argv), "started": time.time(),
             "wall_seconds": previous.get("wall_seconds", 0.0)}
   results.write_status(variant_dir, status)
@@ -417,11 +420,10 @@ def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train,
 
 
 def as_run(sweep: Sweep, workdir: str) -> Sweep:
-  """The sweep resolved with the --set its base variant was trained with (its
-  sweep_status.json), where that differs: variants that scale with the base
-  have the names and overrides of the run."""
-  recorded = (results.read_status(os.path.join(workdir, sweep.variants[0].name)) or {}
-              ).get("overrides")
+  """The sweep resolved with the --set its variants were trained with (their
+  sweep_status.json, results.recorded_sets), where that differs: variants that
+  scale with the base have the names and overrides of the run."""
+  recorded = results.recorded_sets(sweep, results.read_statuses(workdir))
   if recorded is None or recorded == sweep.sets:
     return sweep
   return resolve(sweep.path, sweep.base, recorded)
