@@ -349,6 +349,29 @@ def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_
                                     {"base": DEFAULT, "overrides": []})
 
 
+def test_a_rerun_with_fewer_steps_keeps_variants_trained_past_them(tmp_path):
+  """Trained to 9 steps, rerun with train.num_steps=5: the old code ran train.py,
+  which trained nothing, and recorded the variant finished under num_steps=5
+  (its config.json too), so the table said --set train.num_steps=5 over rows
+  of 9 steps. Now it is skipped, its status kept, and the table says 9."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
+  workdir = str(tmp_path / "runs")
+  assert sweep_lib.run_local(sweep_lib.resolve(path, sets=["train.num_steps=9"]), workdir,
+                             FakeTrainer()) == {"base": "finished", "ls0": "finished"}
+  before = {n: results.read_status(os.path.join(workdir, n)) for n in ("base", "ls0")}
+  fewer = sweep_lib.resolve(path, sets=["train.num_steps=5"])
+  trainer = FakeTrainer()
+  assert sweep_lib.run_local(fewer, workdir, trainer) == {"base": "skipped", "ls0": "skipped"}
+  assert trainer.calls == []
+  assert {n: results.read_status(os.path.join(workdir, n)) for n in before} == before
+  markdown = results.collect(fewer, workdir)  # As `--collect --set train.num_steps=5`.
+  assert "On every variant (--set): `train.num_steps=9`." in markdown
+  assert [line.split("|")[4].strip() for line in markdown.splitlines()
+          if line.startswith("|")][2:] == ["9", "9"]  # The steps column.
+  assert not [line for line in markdown.splitlines() if line.startswith("- ")]
+
+
 def test_a_variant_trained_without_a_status_is_checked_against_its_config(tmp_path):
   """A variant trained by its emitted command (no status file) or whose status
   is damaged: its config.json says what its checkpoints were trained with, so a

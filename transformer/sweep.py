@@ -39,12 +39,15 @@ same); a rerun skips it, and restarts any other (train.py resumes from its lates
 checkpoint) unless its checkpoints were trained with other settings than
 CONTINUABLE ones (num_steps, cadences, the mesh, data paths, speed-only fields),
 compared on the resolved configs: such a variant is reported 'stale' and left
-as it is, so that no row is labelled with settings it did not train under. A
-variant that fails is recorded as failed, with its error, and the sweep goes
-on. A SIGTERM or a Ctrl-C to the sweep is passed on to the variant training
-(train.py saves a checkpoint and stops), whose train.log keeps every line; the
-attempt is recorded as stopped, with its time, and the sweep exits with
-128 + the signal's number, as train.py does; a rerun resumes it. `--collect`
+as it is, so that no row is labelled with settings it did not train under; for
+the same reason a variant whose checkpoints are past the rerun's
+train.num_steps is skipped (train.py would not train it back, only relabel it),
+its status and config.json kept, and --collect's table still says the steps it
+trained. A variant that fails is recorded as failed, with its error, and the
+sweep goes on. A SIGTERM or a Ctrl-C to the sweep is passed on to the variant
+training (train.py saves a checkpoint and stops), whose train.log keeps every
+line; the attempt is recorded as stopped, with its time, and the sweep exits
+with 128 + the signal's number, as train.py does; a rerun resumes it. `--collect`
 writes results.md and results.csv (transformer/results.py).
 """
 
@@ -389,6 +392,12 @@ def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train,
                   "use another --workdir, or remove %s to train it again.",
                   variant.name, "; ".join(changes), variant_dir)
     return "stale"
+  reached = results.latest_step(variant_dir)
+  if reached is not None and reached > variant.config.train.num_steps:
+    logging.warning("%s: trained to step %d already, past train.num_steps=%d: skipped, "
+                    "its status and config.json kept.", variant.name, reached,
+                    variant.config.train.num_steps)
+    return "skipped"
   if signals.received:
     return None
   argv = train_argv(sweep, variant, workdir)
