@@ -112,6 +112,36 @@ def test_base_argument_and_bad_names(tmp_path):
       sweep_lib.resolve(path)
 
 
+@pytest.mark.parametrize("text, error", [
+    ("def get_sweep(base):\n  return []\n", "no BASE = 'config file' (or give --base)"),
+    ("BASE = {base!r}\n", "no get_sweep(base) function returning the variants"),
+    ("BASE = 'nowhere.py'\ndef get_sweep(base):\n  return []\n",
+     "BASE 'nowhere.py': no such file"),
+    ("BASE = {base!r}\ndef get_sweep(base)\n  return []\n",
+     "does not load: SyntaxError: expected ':'"),
+    ("BASE = {base!r}\ndef get_sweep(base):\n  return {{'a': {{}}}}\n",
+     "get_sweep returned {{'a': {{}}}}, not a list of (name, {{field: value}}) pairs"),
+    ("BASE = {base!r}\ndef get_sweep(base):\n  return None\n",
+     "get_sweep returned None, not a list of (name, {{field: value}}) pairs"),
+    ("BASE = {base!r}\ndef get_sweep(base):\n  return ['a']\n",
+     "get_sweep's 'a' is not a (name, {{field: value}}) pair"),
+    ("BASE = {base!r}\ndef get_sweep(base):\n  return [(1, {{'model.dropout': 0.0}})]\n",
+     "variant name 1 is not a string"),
+    ("BASE = {base!r}\ndef get_sweep(base):\n  return [('c', [('model.dropout', 0.1)])]\n",
+     "variant 'c': overrides [('model.dropout', 0.1)] are not a dict of {{'field': value}}"),
+    ("BASE = {base!r}\ndef get_sweep(base):\n  return [('c', {{'x': base.model.nope}})]\n",
+     "get_sweep raised AttributeError: "),
+])
+def test_a_malformed_sweep_file_is_named_with_what_is_wrong(tmp_path, text, error):
+  """Each was a traceback (AttributeError) or a message naming neither the file
+  nor the variant ('not enough values to unpack', "'NoneType' object is not
+  iterable", 'expected string or bytes-like object')."""
+  path = write_sweep(tmp_path, text)
+  with pytest.raises(ValueError) as raised:
+    sweep_lib.resolve(path)
+  assert str(raised.value).startswith(f"{path}: {error.format()}"), str(raised.value)
+
+
 def test_table3_scales_with_its_base():
   path = os.path.join(ROOT, "configs", "sweeps", "table3.py")
   sweep = sweep_lib.resolve(path)

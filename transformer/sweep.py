@@ -55,10 +55,12 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import json
 import os
 import re
+import reprlib
 import shlex
 import signal
 import subprocess
@@ -70,11 +72,9 @@ from typing import Callable, Optional
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from transformer import launch, lock, preemption, results
 from transformer import workdir as workdir_lib
-from transformer import config as config_lib
 from transformer.config import check_config, load_file, resume_changes, unread_model_field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,11 +137,60 @@ def _check_architecture_fields(config, overrides) -> None:
       raise ValueError(f"config.model.{name}: {why}")
 
 
+def _load(path: str):
+  """The sweep file's module, a new one each time (ml_collections' loader runs a
+  file in the module the previous one left in sys.modules, whose get_sweep a
+  file without one would use); a ValueError naming the file where it has no
+  get_sweep or does not load."""
+  spec = importlib.util.spec_from_file_location("sweep_file", path)
+  if not os.path.isfile(path) or spec is None:
+    raise ValueError(f"--sweep {path}: no such Python file")
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path}: does not load: {type(e).__name__}: {e}") from e
+  if not callable(getattr(module, "get_sweep", None)):
+    raise ValueError(f"{path}: no get_sweep(base) function returning the variants")
+  return module
+
+
+def _variants(path: str, module, base_config) -> list:
+  """get_sweep's (name, {field: value}) pairs, each checked: a ValueError naming
+  the file, the variant and what is wrong (instead of one from deep in resolve)."""
+  try:
+    entries = module.get_sweep(copy.deepcopy(base_config))
+  except ValueError as e:  # The sweep file's own message.
+    raise ValueError(f"{path}: {e}") from e
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{path}: get_sweep raised {type(e).__name__}: {e}") from e
+  if isinstance(entries, (str, bytes, dict)) or not hasattr(entries, "__iter__"):
+    raise ValueError(f"{path}: get_sweep returned {reprlib.repr(entries)}, not a list of "
+                     "(name, {field: value}) pairs")
+  pairs = []
+  for entry in entries:
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+      raise ValueError(f"{path}: get_sweep's {reprlib.repr(entry)} is not a (name, "
+                       "{field: value}) pair")
+    name, overrides = entry
+    if not isinstance(name, str):
+      raise ValueError(f"{path}: variant name {name!r} is not a string")
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+      raise ValueError(f"{path}: variant {name!r}: overrides {reprlib.repr(overrides)} are "
+                       "not a dict of {'field': value}")
+    pairs.append((name, overrides))
+  return pairs
+
+
 def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   """Loads a sweep file and resolves its variants against the base config."""
-  with config_lib.quiet_loading():
-    module = config_flags.config_flags._LoadConfigModule("sweep", path)  # pylint: disable=protected-access
-  base, sets = base or module.BASE, list(sets)
+  module = _load(path)
+  where = "--base" if base else f"{path}: BASE"
+  base, sets = base or getattr(module, "BASE", None), list(sets)
+  if not isinstance(base, str) or not base:
+    raise ValueError(f"{path}: no BASE = 'config file' (or give --base)")
+  if not os.path.isfile(base.partition(":")[0]):
+    raise ValueError(f"{where} {base!r}: no such file")
   plain = load_file(base)
   for field in [s.partition("=")[0] for s in sets]:  # A bad --set stops the sweep here.
     if _unknown_field(plain, field):
@@ -149,7 +198,7 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   base_config = load_file(base, sets)
   check_config(base_config)
   _check_architecture_fields(base_config, sets)  # A --set the base cannot use stops here.
-  entries = [("base", {})] + list(module.get_sweep(copy.deepcopy(base_config)))
+  entries = [("base", {})] + _variants(path, module, base_config)
   sweep = Sweep(path, base, sets, [])
   names = set()
   for name, overrides in entries:
