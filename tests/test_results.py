@@ -4,10 +4,12 @@ with blanks, notes and errors where a workdir holds no figure or a damaged one."
 
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.helpers import MULTI30K, fake_workdir, write_sweep
+from tests.helpers import MULTI30K, ROOT, fake_workdir, write_sweep
 from transformer import results, sweep as sweep_lib
 
 
@@ -246,3 +248,28 @@ def test_collect_without_set_finds_every_trained_variant_without_a_base_status(t
       "`train.num_steps=3 model.num_heads=2`",
       f"- h4: no variant of {path}; listed as its workdir holds it, trained with the settings "
       "of its config.json (no sweep status)"]
+
+
+def test_a_damaged_base_status_is_named_once_and_the_notes_stay_true(tmp_path):
+  """`--collect` with the base's sweep_status.json truncated: the old code named
+  it three times, left the --set out of the notes and said under ls0's row that
+  it trained with other overrides than the notes say (it trained with the
+  --set, as every variant did)."""
+  from tests import process_helpers  # pylint: disable=g-import-not-at-top
+  from tests.test_sweep import FakeTrainer  # pylint: disable=g-import-not-at-top
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
+  workdir = str(tmp_path / "runs")
+  run = sweep_lib.resolve(path, sets=["train.num_steps=3"])
+  assert sweep_lib.run_local(run, workdir, FakeTrainer()) == {
+      "base": "finished", "ls0": "finished"}
+  damaged = os.path.join(workdir, "base", results.STATUS_FILE)
+  with open(damaged, "w") as f:
+    f.write('{"status": "fini')
+  out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep", path,
+                        "--workdir", workdir, "--collect"], cwd=ROOT, capture_output=True,
+                       text=True, env=process_helpers.command_env())
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stderr.count("Skipping") == 1 and f"Skipping {damaged}: not valid JSON" in out.stderr
+  assert "On every variant (--set): `train.num_steps=3`." in out.stdout
+  assert not [line for line in out.stdout.splitlines() if line.startswith("- ")], out.stdout

@@ -163,17 +163,18 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
 
 
 def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
-                recipe: Optional[dict] = None) -> dict:
+                recipe: Optional[dict] = None, status: Optional[dict] = None) -> dict:
   """One table row: figures of a variant (a sweep.Variant) that its workdir holds.
   `recipe`: {'base', 'overrides'}, all of the variant's overrides that the
   table's notes state; where its status recorded others (that resolve to
-  another config), the row's note names what it trained with."""
+  another config), the row's note names what it trained with. `status`: its
+  sweep status as read_statuses read it, else read here."""
   row = {"variant": variant.name, "changes": " ".join(variant.overrides)}
   if variant.error:
     return {**row, "status": "invalid", "error": variant.error}
   if not os.path.isdir(variant_dir):
     return {**row, "status": "not run"}
-  status = read_status(variant_dir) or {}
+  status = (read_status(variant_dir) if status is None else status) or {}
   # The checkpoints first: a variant continued outside the sweep (its emitted
   # command writes no status) has trained past the status's steps.
   steps = latest_step(variant_dir) or status.get("steps")
@@ -252,8 +253,10 @@ def to_markdown(rows, metric: str, title: str, notes=()) -> str:
   return "\n".join(lines) + "\n"
 
 
-def collect(sweep, workdir: str, checkpoint: str = "latest"):
+def collect(sweep, workdir: str, checkpoint: str = "latest", statuses: Optional[dict] = None):
   """Writes results.md and results.csv into `workdir`; returns the markdown.
+  `statuses`: read_statuses(workdir), where the caller has read them (each
+  file read once: a damaged one is warned of once).
 
   The notes over the table describe the base as its workdir trained it (its
   config.json) and the --set its variants' statuses record (recorded_sets), not
@@ -266,18 +269,19 @@ def collect(sweep, workdir: str, checkpoint: str = "latest"):
   base_dir = os.path.join(workdir, sweep.variants[0].name)
   base = (workdir_lib.load_config(base_dir) if os.path.exists(
       os.path.join(base_dir, "config.json")) else sweep.variants[0].config)
-  statuses = read_statuses(workdir)
+  statuses = read_statuses(workdir) if statuses is None else statuses
   sets = recorded_sets(sweep, statuses)
   sets = sweep.sets if sets is None else sets
   as_run = dataclasses.replace(sweep, sets=sets)
   rows = [variant_row(v, os.path.join(workdir, v.name), checkpoint,
-                      None if v.error else {"base": sweep.base, "overrides": as_run.overrides(v)})
+                      None if v.error else {"base": sweep.base, "overrides": as_run.overrides(v)},
+                      statuses.get(v.name, {}))
           for v in sweep.variants]
   # Workdirs of no variant as resolved here (one that scales with a base whose
   # --set no status records): listed as found, never left out.
   for name in sorted(set(statuses) - {v.name for v in sweep.variants}):
     row = variant_row(dataclasses.replace(sweep.variants[0], name=name, overrides=[]),
-                      os.path.join(workdir, name), checkpoint)
+                      os.path.join(workdir, name), checkpoint, None, statuses[name])
     trained = statuses[name].get("overrides")
     row["note"] = (f"no variant of {sweep.path}" + (f" with `{' '.join(sets)}`" if sets else "")
                    + "; listed as its workdir holds it, trained with "

@@ -477,11 +477,13 @@ def _run_variant(sweep: Sweep, variant: Variant, workdir: str, train,
   return status["status"]
 
 
-def as_run(sweep: Sweep, workdir: str) -> Sweep:
+def as_run(sweep: Sweep, workdir: str, statuses: Optional[dict] = None) -> Sweep:
   """The sweep resolved with the --set its variants were trained with (their
-  sweep_status.json, results.recorded_sets), where that differs: variants that
-  scale with the base have the names and overrides of the run."""
-  recorded = results.recorded_sets(sweep, results.read_statuses(workdir))
+  sweep_status.json, results.recorded_sets; `statuses`: read_statuses'), where
+  that differs: variants that scale with the base have the names and overrides
+  of the run."""
+  statuses = results.read_statuses(workdir) if statuses is None else statuses
+  recorded = results.recorded_sets(sweep, statuses)
   if recorded is None or recorded == sweep.sets:
     return sweep
   return resolve(sweep.path, sweep.base, recorded)
@@ -557,8 +559,9 @@ def main(argv):
     print(slurm_script(sweep, workdir, os.path.basename(workdir)), end="")
   elif f.collect:
     try:
-      print(results.collect(as_run(sweep, workdir) if not f.set else sweep, workdir,
-                            f.checkpoint), end="")
+      statuses = results.read_statuses(workdir)  # Once: a damaged one is named once.
+      print(results.collect(as_run(sweep, workdir, statuses) if not f.set else sweep, workdir,
+                            f.checkpoint, statuses), end="")
     except (OSError, ValueError) as e:
       sys.exit(f"sweep: error: {e}")
     print(f"wrote {' and '.join(os.path.join(workdir, n) for n in results.TABLE_FILES)}",
