@@ -100,6 +100,16 @@ def test_set_changes_the_base_and_a_variants_own_value_wins(tmp_path):
     sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_stpes=7"])
 
 
+def test_a_set_spelt_with_the_config_prefix_is_the_fields(tmp_path):
+  """`--set config.train.num_steps=3` (as train.py's --config.train.num_steps)
+  was 'config.config.train.num_steps: unknown field'."""
+  sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["config.train.num_steps=3"])
+  assert sweep.sets == ["train.num_steps=3"]
+  assert {v.config.train.num_steps for v in sweep.valid} == {3}
+  with pytest.raises(ValueError, match=r"^--set config.train.nope: unknown field"):
+    sweep_lib.resolve(write_sweep(tmp_path), sets=["config.train.nope=3"])
+
+
 def test_base_argument_and_bad_names(tmp_path):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
                      base=MULTI30K + ":de-en")

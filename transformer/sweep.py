@@ -22,10 +22,10 @@ each a name and a dict of overrides spelt like `--config.field=value`:
                                      "train.label_smoothing": [0.0, 0.2]})]
 
 The base itself is always the first variant, 'base': the row the others are
-read against. `--base FILE` replaces BASE. `--set field=value` (repeatable)
-changes the base, e.g. a smaller budget, before get_sweep sees it (so scaled
-variants follow it) and so every variant; a variant's own value of that field
-wins. Overrides are parsed by ml_collections' config flags exactly as train.py
+read against. `--base FILE` replaces BASE. `--set field=value` (repeatable;
+`config.field=value` too) changes the base, e.g. a smaller budget, before
+get_sweep sees it (so scaled variants follow it) and so every variant; a
+variant's own value of that field wins. Overrides are parsed by ml_collections' config flags exactly as train.py
 parses `--config.field=value` (types from the base's fields), and each variant
 is checked with check_config: one that is invalid for its base is reported, with
 the field and the reason, before anything runs, and the valid ones still run.
@@ -192,6 +192,9 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   if not os.path.isfile(base.partition(":")[0]):
     raise ValueError(f"{where} {base!r}: no such file")
   plain = load_file(base)
+  # `--set config.field=value`, spelt as train.py's --config.field=value, is the field's.
+  sets = [s[len("config."):] if s.startswith("config.") and "config" not in plain else s
+          for s in sets]
   for field in [s.partition("=")[0] for s in sets]:  # A bad --set stops the sweep here.
     if _unknown_field(plain, field):
       raise ValueError(f"--set config.{field}: unknown field (not in {base})")
