@@ -85,7 +85,8 @@ _DIE_WITH_PARENT = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
-def _child_command(command) -> list:
+def child_command(command) -> list:
+  """`command` (command_line's) as a child that gets SIGTERM should this process die."""
   if not sys.platform.startswith("linux"):
     return command_line(command)
   return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())] + command_line(command)
@@ -131,7 +132,7 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
   children = []
   for i in range(processes):
     children.append(subprocess.Popen(
-        _child_command(command), env=process_env(environ, port, processes, i,
+        child_command(command), env=process_env(environ, port, processes, i,
                                                  devices_per_process),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     say(f"process {i}: pid {children[-1].pid}")
@@ -214,28 +215,33 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
   return 0
 
 
-_PROCESSES = flags.DEFINE_integer("processes", 2, "Processes in the job.", lower_bound=1)
-_DEVICES = flags.DEFINE_integer("devices_per_process", None, "CPU devices each process "
-                                "gets; unset: the platform's own devices.", lower_bound=1)
-_PORT = flags.DEFINE_integer("port", None, "Coordinator port; default: a free one.")
-_GRACE = flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to end by themselves "
-                            "once a process has failed.", lower_bound=0.0)
-_TIMEOUT = flags.DEFINE_float("timeout_s", None, "Terminate the job after this many "
-                              "seconds; unset: no limit.", lower_bound=0.0)
-_STOP_GRACE = flags.DEFINE_float("stop_grace_s", 60.0, "Seconds terminated processes get "
-                                 "(to save a checkpoint) before SIGKILL.", lower_bound=0.0)
+def define_flags():
+  """Defined when run (as sweep's and evaluate's), so that importing this module
+  (sweep does, for child_command) defines no flags."""
+  flags.DEFINE_integer("processes", 2, "Processes in the job.", lower_bound=1)
+  flags.DEFINE_integer("devices_per_process", None, "CPU devices each process gets; unset: "
+                       "the platform's own devices.", lower_bound=1)
+  flags.DEFINE_integer("port", None, "Coordinator port; default: a free one.")
+  flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to end by themselves once a "
+                     "process has failed.", lower_bound=0.0)
+  flags.DEFINE_float("timeout_s", None, "Terminate the job after this many seconds; unset: "
+                     "no limit.", lower_bound=0.0)
+  flags.DEFINE_float("stop_grace_s", 60.0, "Seconds terminated processes get (to save a "
+                     "checkpoint) before SIGKILL.", lower_bound=0.0)
 
 
 def main(argv):
   if len(argv) < 2:
     raise app.UsageError("no command: python -m transformer.launch [flags] -- COMMAND ...")
   try:
-    code = launch(argv[1:], _PROCESSES.value, _DEVICES.value, _PORT.value, _GRACE.value,
-                  _TIMEOUT.value, stop_grace_s=_STOP_GRACE.value)
+    f = flags.FLAGS
+    code = launch(argv[1:], f.processes, f.devices_per_process, f.port, f.grace_s,
+                  f.timeout_s, stop_grace_s=f.stop_grace_s)
   except ValueError as e:  # A bad flag: one line, not a traceback.
     sys.exit(f"launch: error: {e}")
   sys.exit(code)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -321,7 +321,7 @@ def train_subprocess(argv: list, variant_dir: str,
   which passes it on once (`signals`), and gets SIGTERM should the sweep die
   (launch's PR_SET_PDEATHSIG): it is never left training unattended."""
   last = ""
-  command = launch._child_command([os.path.join(ROOT, "train.py")] + argv)  # pylint: disable=protected-access
+  command = launch.child_command([os.path.join(ROOT, "train.py")] + argv)
   with open(os.path.join(variant_dir, "train.log"), "a", buffering=1) as log, \
       subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, bufsize=1,
