@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.helpers import MULTI30K, ROOT, fake_workdir, write_sweep
-from transformer import results, sweep as sweep_lib
+from transformer import results, sweep as sweep_lib, sweep_run
 
 
 def test_a_damaged_status_or_evaluation_file_is_named_and_left_blank(tmp_path, caplog):
@@ -221,7 +221,7 @@ def test_collect_without_set_finds_every_trained_variant_without_a_base_status(t
   sets = ["model.num_heads=1", "train.num_steps=3"]
   run = sweep_lib.resolve(path, sets=sets)
   workdir = str(tmp_path / "runs")
-  assert sweep_lib.run_local(sweep_lib.select(run, ["h2", "drop0"]), workdir, FakeTrainer()) == {
+  assert sweep_run.run_local(sweep_lib.select(run, ["h2", "drop0"]), workdir, FakeTrainer()) == {
       "h2": "finished", "drop0": "finished"}
   plain = sweep_lib.resolve(path)  # --collect without --set.
   markdown = results.collect(sweep_lib.as_run(plain, workdir), workdir)
@@ -261,7 +261,7 @@ def test_a_damaged_base_status_is_named_once_and_the_notes_stay_true(tmp_path):
                      "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
   workdir = str(tmp_path / "runs")
   run = sweep_lib.resolve(path, sets=["train.num_steps=3"])
-  assert sweep_lib.run_local(run, workdir, FakeTrainer()) == {
+  assert sweep_run.run_local(run, workdir, FakeTrainer()) == {
       "base": "finished", "ls0": "finished"}
   damaged = os.path.join(workdir, "base", results.STATUS_FILE)
   with open(damaged, "w") as f:

@@ -13,7 +13,7 @@ import pytest
 
 from tests import helpers, process_helpers
 from tests.helpers import DEFAULT, MULTI30K, ROOT, fake_workdir
-from transformer import config as config_lib, results, sweep as sweep_lib, training
+from transformer import config as config_lib, results, sweep as sweep_lib, sweep_run, training
 
 
 SWEEP_FILE = '''
@@ -275,7 +275,7 @@ def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=5"])
   workdir = str(tmp_path / "runs")
   trainer = FakeTrainer(fail={"h1"})
-  done = sweep_lib.run_local(sweep, workdir, trainer)
+  done = sweep_run.run_local(sweep, workdir, trainer)
   names = [v.name for v in sweep.valid]
   assert trainer.calls == names  # The failure of h1 does not stop the others.
   assert done == {n: "failed" if n == "h1" else "finished" for n in names}
@@ -292,7 +292,7 @@ def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   status = results.read_status(os.path.join(workdir, "pre"))
   results.write_status(os.path.join(workdir, "pre"), {**status, "status": "running"})
   trainer = FakeTrainer()
-  done = sweep_lib.run_local(sweep, workdir, trainer)
+  done = sweep_run.run_local(sweep, workdir, trainer)
   assert trainer.calls == ["h1", "pre"]  # Finished ones are skipped.
   assert done["base"] == "skipped" and done["h1"] == done["pre"] == "finished"
   assert results.read_status(os.path.join(workdir, "h1"))["attempts"] == 2
@@ -301,7 +301,7 @@ def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   seven = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=7"])
   only = sweep_lib.select(seven, ["pre", "base"])
   trainer = FakeTrainer()
-  assert sweep_lib.run_local(only, workdir, trainer) == {"base": "finished", "pre": "finished"}
+  assert sweep_run.run_local(only, workdir, trainer) == {"base": "finished", "pre": "finished"}
   assert trainer.calls == ["base", "pre"]
   assert sweep_lib.commands(only, workdir) == [sweep_lib.commands(seven, workdir)[i]
                                                for i in (0, names.index("pre"))]
@@ -311,7 +311,7 @@ def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   # A longer budget reruns every variant (train.py resumes from its checkpoint).
   longer = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=9"])
   trainer = FakeTrainer()
-  sweep_lib.run_local(longer, workdir, trainer)
+  sweep_run.run_local(longer, workdir, trainer)
   assert trainer.calls == names
   assert results.read_status(os.path.join(workdir, "base"))["steps"] == 9
 
@@ -324,15 +324,15 @@ def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_pat
                      "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
   workdir = str(tmp_path / "runs")
   sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
-  assert sweep_lib.run_local(sweep, workdir, FakeTrainer(fail={"ls0"})) == {
+  assert sweep_run.run_local(sweep, workdir, FakeTrainer(fail={"ls0"})) == {
       "base": "finished", "ls0": "failed"}
   before = results.read_status(os.path.join(workdir, "base"))
   other = sweep_lib.resolve(path, sets=["train.num_steps=5", "optim.learning_rate_scale=0.5"])
   trainer = FakeTrainer()
-  assert sweep_lib.run_local(other, workdir, trainer) == {"base": "stale", "ls0": "finished"}
+  assert sweep_run.run_local(other, workdir, trainer) == {"base": "stale", "ls0": "finished"}
   assert trainer.calls == ["ls0"]  # Its failed attempt left no checkpoint.
   assert results.read_status(os.path.join(workdir, "base")) == before
-  changes = lambda *overrides: sweep_lib.recipe_changes(
+  changes = lambda *overrides: sweep_run.recipe_changes(
       before, {"base": sweep.base, "overrides": list(overrides)})
   assert changes("train.num_steps=9", "model.dropout=0.3") == ["model.dropout: 0.1 -> 0.3"]
   # Compared as resolved configs: the base's own value, another spelling, and
@@ -340,7 +340,7 @@ def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_pat
   assert changes("train.num_steps=5", "seed=0", "model.dropout=.1") == []
   assert changes("train.decode_every=100", "train.mesh=data=-1,model=1") == []
   longer = sweep_lib.resolve(path, sets=["train.num_steps=9"])
-  assert sweep_lib.run_local(longer, workdir, FakeTrainer()) == {
+  assert sweep_run.run_local(longer, workdir, FakeTrainer()) == {
       "base": "finished", "ls0": "stale"}
 
 
@@ -352,14 +352,14 @@ def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_
                      "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
   workdir = str(tmp_path / "runs")
   sets = ["train.num_steps=5", "train.log_every=1"]
-  assert sweep_lib.run_local(sweep_lib.resolve(path, sets=sets), workdir, FakeTrainer()) == {
+  assert sweep_run.run_local(sweep_lib.resolve(path, sets=sets), workdir, FakeTrainer()) == {
       "base": "finished", "ls0": "finished"}
   seed = sweep_lib.resolve(path).variants[0].config.seed
   respelt = DEFAULT.replace(os.sep + "configs" + os.sep, f"{os.sep}configs{os.sep}..{os.sep}"
                             f"configs{os.sep}")
   for base, again in ((None, sets[::-1]), (respelt, sets + [f"seed={seed}"])):
     trainer = FakeTrainer()
-    assert sweep_lib.run_local(sweep_lib.resolve(path, base, again), workdir, trainer) == {
+    assert sweep_run.run_local(sweep_lib.resolve(path, base, again), workdir, trainer) == {
         "base": "skipped", "ls0": "skipped"}, (base, again)
     assert trainer.calls == []
   # A base file edited since: the same --set no longer gives the config trained.
@@ -369,17 +369,17 @@ def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_
                   "  return config\n")
   edited = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
                        base=str(base), name="edited.py")
-  assert sweep_lib.run_local(sweep_lib.resolve(edited), str(tmp_path / "e"), FakeTrainer()) == {
+  assert sweep_run.run_local(sweep_lib.resolve(edited), str(tmp_path / "e"), FakeTrainer()) == {
       "base": "finished"}
   base.write_text(base.read_text().replace("= 5", "= 9"))
   trainer = FakeTrainer()
-  assert sweep_lib.run_local(sweep_lib.resolve(edited, sets=["train.num_steps=9"]),
+  assert sweep_run.run_local(sweep_lib.resolve(edited, sets=["train.num_steps=9"]),
                              str(tmp_path / "e"), trainer) == {"base": "finished"}
   assert trainer.calls == ["base"]
   # An edited value its checkpoints cannot continue under: stale, as its config.json says.
   base.write_text(base.read_text().replace("  return config", "  config.model.dropout = 0.3\n"
                                            "  return config"))
-  assert sweep_lib.run_local(sweep_lib.resolve(edited, sets=["train.num_steps=9"]),
+  assert sweep_run.run_local(sweep_lib.resolve(edited, sets=["train.num_steps=9"]),
                              str(tmp_path / "e"), FakeTrainer()) == {"base": "stale"}
   assert config_lib.same_recipe({"base": DEFAULT, "overrides": ["model.dropout=.1"]},
                                 {"base": respelt, "overrides": []})
@@ -397,12 +397,12 @@ def test_a_rerun_with_fewer_steps_keeps_variants_trained_past_them(tmp_path):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
                      "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
   workdir = str(tmp_path / "runs")
-  assert sweep_lib.run_local(sweep_lib.resolve(path, sets=["train.num_steps=9"]), workdir,
+  assert sweep_run.run_local(sweep_lib.resolve(path, sets=["train.num_steps=9"]), workdir,
                              FakeTrainer()) == {"base": "finished", "ls0": "finished"}
   before = {n: results.read_status(os.path.join(workdir, n)) for n in ("base", "ls0")}
   fewer = sweep_lib.resolve(path, sets=["train.num_steps=5"])
   trainer = FakeTrainer()
-  assert sweep_lib.run_local(fewer, workdir, trainer) == {"base": "skipped", "ls0": "skipped"}
+  assert sweep_run.run_local(fewer, workdir, trainer) == {"base": "skipped", "ls0": "skipped"}
   assert trainer.calls == []
   assert {n: results.read_status(os.path.join(workdir, n)) for n in before} == before
   markdown = results.collect(fewer, workdir)  # As `--collect --set train.num_steps=5`.
@@ -422,10 +422,10 @@ def test_a_variant_trained_without_a_status_is_checked_against_its_config(tmp_pa
   fake_workdir(os.path.join(workdir, "base"), sweep.variants[0].config, checkpoints=[5])
   other = sweep_lib.resolve(path, sets=["train.num_steps=5", "optim.learning_rate_scale=0.5"])
   trainer = FakeTrainer()
-  assert sweep_lib.run_local(other, workdir, trainer) == {"base": "stale"}
+  assert sweep_run.run_local(other, workdir, trainer) == {"base": "stale"}
   assert trainer.calls == []
   longer = sweep_lib.resolve(path, sets=["train.num_steps=9"])  # Continuable: it runs.
-  assert sweep_lib.run_local(longer, workdir, trainer) == {"base": "finished"}
+  assert sweep_run.run_local(longer, workdir, trainer) == {"base": "finished"}
 
 
 def test_a_variant_another_process_trains_is_left_to_it(tmp_path):
@@ -442,13 +442,13 @@ def test_a_variant_another_process_trains_is_left_to_it(tmp_path):
   results.write_status(variant_dir, {"status": "running", "attempts": 1})
   trainer = FakeTrainer()
   with lock.hold(variant_dir, "train"):
-    assert sweep_lib.run_local(sweep, workdir, trainer) == {"base": "busy"}
+    assert sweep_run.run_local(sweep, workdir, trainer) == {"base": "busy"}
   # The other sweep itself, deciding or between its 'running' and its train.py's lock.
-  with lock.hold(os.path.join(variant_dir, sweep_lib.SWEEP_LOCK_DIR), "sweep"):
-    assert sweep_lib.run_local(sweep, workdir, trainer) == {"base": "busy"}
+  with lock.hold(os.path.join(variant_dir, sweep_run.SWEEP_LOCK_DIR), "sweep"):
+    assert sweep_run.run_local(sweep, workdir, trainer) == {"base": "busy"}
   assert trainer.calls == [] and results.read_status(variant_dir) == {
       "status": "running", "attempts": 1}
-  assert sweep_lib.run_local(sweep, workdir, trainer) == {"base": "finished"}
+  assert sweep_run.run_local(sweep, workdir, trainer) == {"base": "finished"}
 
 
 def test_the_wall_time_of_earlier_attempts_survives_a_killed_one(tmp_path, monkeypatch):
@@ -456,7 +456,7 @@ def test_the_wall_time_of_earlier_attempts_survives_a_killed_one(tmp_path, monke
   sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
   workdir = str(tmp_path / "runs")
   now = [1000.0]
-  monkeypatch.setattr(sweep_lib.time, "time", lambda: now[0])
+  monkeypatch.setattr(sweep_run.time, "time", lambda: now[0])
 
   def takes_10_s(trainer):
     def train(argv, variant_dir):
@@ -464,15 +464,15 @@ def test_the_wall_time_of_earlier_attempts_survives_a_killed_one(tmp_path, monke
       trainer(argv, variant_dir)
     return train
 
-  sweep_lib.run_local(sweep, workdir, takes_10_s(FakeTrainer(fail={"base"})))
+  sweep_run.run_local(sweep, workdir, takes_10_s(FakeTrainer(fail={"base"})))
 
   def killed(argv, variant_dir):
     raise KeyboardInterrupt
   with pytest.raises(KeyboardInterrupt):
-    sweep_lib.run_local(sweep, workdir, takes_10_s(killed))
+    sweep_run.run_local(sweep, workdir, takes_10_s(killed))
   status = results.read_status(os.path.join(workdir, "base"))
   assert (status["status"], status["attempts"], status["wall_seconds"]) == ("running", 2, 10.0)
-  sweep_lib.run_local(sweep, workdir, takes_10_s(FakeTrainer()))
+  sweep_run.run_local(sweep, workdir, takes_10_s(FakeTrainer()))
   status = results.read_status(os.path.join(workdir, "base"))
   assert (status["status"], status["attempts"], status["wall_seconds"]) == ("finished", 3, 20.0)
 
@@ -496,12 +496,12 @@ def test_real_sweep_of_two_tiny_variants(tmp_path, tmp_path_factory, monkeypatch
   tfds_dir = process_helpers.scan_tfds_dir(tmp_path_factory)  # Prepared once a session.
   sweep = sweep_lib.resolve(path, sets=TINY + [f"data.tfds_data_dir={tfds_dir}"])
   workdir = str(tmp_path / "runs")
-  assert sweep_lib.run_local(sweep, workdir) == {
+  assert sweep_run.run_local(sweep, workdir) == {
       "base": "finished", "bogus": "failed", "seed1": "finished"}
   assert results.read_status(os.path.join(workdir, "bogus"))["error"] == (
       "train.py exited with status 1: train: error: unknown SCAN split 'scan/bogus'; "
       "use scan/simple or scan/length")
-  assert sweep_lib.run_local(sweep, workdir) == {
+  assert sweep_run.run_local(sweep, workdir) == {
       "base": "skipped", "bogus": "failed", "seed1": "skipped"}
   del sweep.variants[1]
   rows = [results.variant_row(v, os.path.join(workdir, v.name)) for v in sweep.variants]
