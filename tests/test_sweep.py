@@ -83,6 +83,22 @@ def test_products_lists_and_invalid_variants_named(tmp_path):
   assert sweep.variants[8].overrides == ["model.norm_position=pre", "model.attention_bias=True"]
 
 
+def test_variants_that_resolve_to_an_earlier_config_are_named(tmp_path):
+  """A value that is the base's own, or d_k = d_model / h, trains the base again:
+  --list says so (it was silent)."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return ["
+                     "('drop', {{'model.dropout': base.model.dropout}}), "
+                     "('dk', {{'model.d_k': base.model.d_model // base.model.num_heads}}), "
+                     "('h1', {{'model.num_heads': 1}}), ('h1-again', {{'model.num_heads': 1}})]\n")
+  sweep = sweep_lib.resolve(path)
+  assert sweep_lib.twins(sweep) == {"drop": "base", "dk": "base", "h1-again": "h1"}
+  rows = sweep_lib.describe(sweep).splitlines()[2:]
+  assert [r.split()[0] for r in rows] == ["base", "drop", "dk", "h1", "h1-again"]
+  assert [r.endswith("(the same config as base)") for r in rows] == [
+      False, True, True, False, False]
+  assert rows[3].endswith("model.num_heads=1") and rows[4].endswith("(the same config as h1)")
+
+
 def test_set_changes_the_base_and_a_variants_own_value_wins(tmp_path):
   sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=7",
                                                          "train.label_smoothing=0.05",

@@ -55,6 +55,7 @@ import copy
 import dataclasses
 import importlib.util
 import itertools
+import json
 import os
 import re
 import reprlib
@@ -274,17 +275,37 @@ def as_run(sweep: Sweep, workdir: str, statuses: Optional[dict] = None) -> Sweep
   return resolve(sweep.path, sweep.base, recorded)
 
 
+def twins(sweep: Sweep) -> dict:
+  """{name: the earlier variant's name} of each valid variant whose resolved
+  config is an earlier one's (a value that is the base's own, a d_k of d_model
+  / h): it would train the same model again."""
+  first, found = {}, {}
+  for v in sweep.valid:
+    values = json.loads(v.config.to_json_best_effort())
+    model = values["model"]
+    if model.get("d_k") and model["d_k"] * model.get("num_heads", 0) == model.get("d_model"):
+      model["d_k"] = 0  # d_model / h spelt out: the default's value.
+    key = json.dumps(values, sort_keys=True)
+    if key in first:
+      found[v.name] = first[key]
+    else:
+      first[key] = v.name
+  return found
+
+
 def describe(sweep: Sweep) -> str:
-  """The --list table: variants, parameters (at data.vocab_size) and overrides;
-  invalid variants with their reason."""
+  """The --list table: variants, parameters (at data.vocab_size) and overrides,
+  twins named; invalid variants with their reason."""
   lines = [f"{sweep.path} on {sweep.base}: {len(sweep.valid)} valid variants of "
            f"{len(sweep.variants)}" + (f"; every variant: {' '.join(sweep.sets)}"
                                         if sweep.sets else "")]
   width = max(len(v.name) for v in sweep.variants)
   lines.append(f"{'variant':<{width}}  {'parameters':>12}  overrides")
+  same = twins(sweep)
   for v in sweep.valid:
     lines.append(f"{v.name:<{width}}  {results.count_parameters(v.config):>12,}  "
-                 f"{' '.join(v.overrides)}")
+                 f"{' '.join(v.overrides)}"
+                 + (f"  (the same config as {same[v.name]})" if v.name in same else ""))
   invalid = [v for v in sweep.variants if v.error]
   if invalid:
     lines.append("invalid (not run):")
@@ -335,6 +356,10 @@ def main(argv):
   for v in sweep.variants:
     if v.error and not f.list:
       print(f"sweep: {v.name} is invalid, not run: {v.error}", file=sys.stderr)
+  if not (f.list or f.collect):
+    for name, earlier in twins(sweep).items():
+      print(f"sweep: warning: {name} resolves to the same config as {earlier}: it trains "
+            "the same model again", file=sys.stderr)
   if f.list:
     print(describe(sweep))
   elif f.emit == "commands":
