@@ -1,11 +1,14 @@
 """Run by tests/test_multiprocess.py as each process of a job: saves, or
 restores, checkpoints of one array split over every device of the job, so that
-each process writes and reads its own part of it.
+each process writes and reads its own part of it; or (`both`) saves each step
+as a regular and a best checkpoint at once, as training does where a better
+decode score falls on a checkpoint step, process 1 a second behind.
 
-  python tests/multiprocess_restore_check.py DIRECTORY save|restore
+  python tests/multiprocess_restore_check.py DIRECTORY save|restore|both
 """
 
 import sys
+import time
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -26,7 +29,16 @@ def main(directory, phase):
   state = lambda step: {"w": jax.make_array_from_callback(
       (8, 4096), sharding, lambda index: values(step)[index])}
   checkpointer = checkpoints.Checkpointer(directory, keep=5)
-  if phase == "save":
+  if phase == "both":
+    best = checkpoints.Checkpointer(directory + "_best", keep=5, best_metric="score")
+    for step in (1, 2):
+      if jax.process_index() == 1:
+        time.sleep(1)  # Process 0 meanwhile waits on both saves' barriers.
+      best.save(step, state(step), {"step": step}, metrics={"score": float(step)})
+      checkpointer.save(step, state(step), {"step": step})
+    best.close()
+    print(f"process {jax.process_index()} saved both", flush=True)
+  elif phase == "save":
     for step in (1, 2):
       checkpointer.save(step, state(step), {"step": step})
   else:

@@ -32,7 +32,7 @@ import pytest
 
 from tests.multiprocess_config import get_config
 from tests.test_training import restore_params
-from transformer import distributed, launch
+from transformer import checkpoints, distributed, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT_S = 240
@@ -206,6 +206,20 @@ def test_a_checkpoint_one_process_cannot_read_is_skipped_by_all(tmp_path):
   assert re.search(r"\[p0\] .*Checkpoint step 2 is unreadable \(process 1 could not read "
                    r"its part: ", output), output[-5000:]
   assert sorted(os.listdir(directory)) == ["1", "2.unreadable"]
+
+
+def test_a_regular_and_a_best_checkpoint_of_one_step_save_together(tmp_path):
+  """Training saves a step's best checkpoint and then its regular one, both in
+  the background. Orbax named both saves' barriers by the step alone, so a
+  process that reached the second while the first still waited for another
+  process failed the job ("Barrier _async_write_complete.1 is already ongoing").
+  Here process 1 starts each step's saves a second late."""
+  directory = str(tmp_path / "checkpoints")
+  output = run_job(["tests/multiprocess_restore_check.py", directory, "both"])
+  for p in ("0", "1"):
+    assert f"[p{p}] process {p} saved both" in output, output[-5000:]
+  assert checkpoints.complete_steps(directory) == [1, 2]
+  assert checkpoints.complete_steps(directory + "_best") == [1, 2]
 
 
 @pytest.mark.long

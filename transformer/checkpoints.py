@@ -330,6 +330,14 @@ def _free_name(path: str) -> str:
   return name
 
 
+def barrier_options(directory: str):
+  """Orbax's multi-process options for the checkpoints in `directory`: its
+  barriers named after the directory (alike in every process), apart from
+  those of another directory's checkpoints saved at the same time."""
+  return ocp.options.MultiprocessingOptions(
+      barrier_sync_key_prefix=os.path.basename(os.path.abspath(directory)))
+
+
 class Checkpointer:
   """Saves and restores {state, data iterator state} under `directory`."""
 
@@ -359,10 +367,15 @@ class Checkpointer:
     # which a restore does not need.
     # A writer (which holds the workdir's lock) removes the temporary directories
     # of saves that a kill interrupted; a reader leaves them alone.
+    # Orbax names its processes' barriers by step alone ("async_write_complete.10"),
+    # so the regular and the best checkpoint of one step, saved at once, would
+    # meet at one barrier ("already ongoing": the job fails); each directory's
+    # barriers carry its name.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
         create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
-        lightweight_initialize=read_only, **best)
+        lightweight_initialize=read_only, multiprocessing_options=barrier_options(self.directory),
+        **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           handler_registry=_handlers())
     self._pending = None  # The step being written in the background.
