@@ -69,7 +69,7 @@ from absl import flags
 
 from transformer import results, sweep_run
 from transformer import workdir as workdir_lib
-from transformer.config import check_config, load_file, unread_model_field
+from transformer.config import check_config, load_file, unread_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -124,11 +124,10 @@ def _unknown_field(config, field: str) -> bool:
 def _check_architecture_fields(config, overrides) -> None:
   """A ValueError for an override of a model field that the config's model does
   not read (a Table 3 row on the RNN would be its base again)."""
-  for override in overrides:
-    section, _, name = override.partition("=")[0].partition(".")
-    why = unread_model_field(config.model, name) if section == "model" else None
-    if why:
-      raise ValueError(f"config.model.{name}: {why}")
+  unread = unread_overrides(config, [o.partition("=")[0] for o in overrides])
+  if unread:
+    field, why = unread[0]
+    raise ValueError(f"config.{field}: {why}")
 
 
 def _load(path: str):

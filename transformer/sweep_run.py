@@ -195,12 +195,12 @@ def _run_variant(sweep, variant, workdir: str, train,
     return "skipped"
   trained = previous or os.path.exists(os.path.join(variant_dir, "config.json"))
   changes = recipe_changes(previous, recipe, variant_dir) if trained else []
-  if changes and results.latest_step(variant_dir) is not None:
+  reached = results.latest_step(variant_dir)
+  if changes and reached is not None:
     logging.error("%s: not run: its checkpoints were trained with other settings (%s); "
                   "use another --workdir, or remove %s to train it again.",
                   variant.name, "; ".join(changes), variant_dir)
     return "stale"
-  reached = results.latest_step(variant_dir)
   if reached is not None and reached > variant.config.train.num_steps:
     logging.warning("%s: trained to step %d already, past train.num_steps=%d: skipped, "
                     "its status and config.json kept.", variant.name, reached,
