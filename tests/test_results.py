@@ -216,7 +216,7 @@ def test_collect_without_set_finds_every_trained_variant_without_a_base_status(t
   The other variants' statuses record the --set; a workdir that no status
   places (statuses written before they did, or an emitted command's) is listed
   with a note, not left out."""
-  from tests.test_sweep import FakeTrainer  # pylint: disable=g-import-not-at-top
+  from tests.test_sweep_run import FakeTrainer  # pylint: disable=g-import-not-at-top
   path = write_sweep(tmp_path, SCALED)
   sets = ["model.num_heads=1", "train.num_steps=3"]
   run = sweep_lib.resolve(path, sets=sets)
@@ -256,7 +256,7 @@ def test_a_damaged_base_status_is_named_once_and_the_notes_stay_true(tmp_path):
   it trained with other overrides than the notes say (it trained with the
   --set, as every variant did)."""
   from tests import process_helpers  # pylint: disable=g-import-not-at-top
-  from tests.test_sweep import FakeTrainer  # pylint: disable=g-import-not-at-top
+  from tests.test_sweep_run import FakeTrainer  # pylint: disable=g-import-not-at-top
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
                      "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
   workdir = str(tmp_path / "runs")
