@@ -117,14 +117,14 @@ def get_config():
   # at a time as a normal batch holds, each row starting the next sentence as soon as
   # its own stops (beam_loops.while_refilling; the outputs of the larger batch at once,
   # which in bfloat16 can round near-ties otherwise). Multi30k test, 8: 1.10x one
-  # batch at a time (multi-process jobs, meshes of several GPUs/TPUs), 1.01x two at a
+  # batch at a time (multi-process jobs, GPUs/TPUs), 1.01x two at a
   # time, compiling 1.4 s longer (evaluate/translate --refill 8). Transformer only;
   # not with compact. 0 = off.
   decode.refill = 0
   # Batches decoded at once, each from its own thread: one program leaves a CPU's
   # cores partly idle (Multi30k test on 2 cores: beam 4 1.37x, greedy 1.30x the
   # sentences/s of one at a time). The same outputs; each batch in flight holds its
-  # own decoding cache. One in multi-process jobs and on meshes of several GPUs/TPUs
+  # own decoding cache. One in multi-process jobs and on GPUs/TPUs
   # (inference.batches_at_once).
   decode.concurrent_batches = 2
 

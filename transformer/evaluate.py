@@ -199,7 +199,7 @@ def define_decode_flags(modes, default_mode):
                        "config.decode.refill.", lower_bound=0)
   flags.DEFINE_integer("concurrent_batches", None, "Batches decoded at once, each from its "
                        "own thread (same outputs); default config.decode.concurrent_batches "
-                       "(2 where the config lacks it).", lower_bound=1)
+                       "(2 where the config lacks it); one on a GPU or TPU.", lower_bound=1)
 
 
 def main(argv):

@@ -5,6 +5,7 @@ What in-training decoding, `evaluate` and `translate` share; no flags, no files.
 from concurrent import futures
 import time
 
+from absl import logging
 import jax
 import numpy as np
 
@@ -42,14 +43,22 @@ def batches_at_once(config, mesh, requested=None) -> int:
   `requested`, else config.decode.concurrent_batches, else CONCURRENT_BATCHES;
   but one batch at a time in a multi-process job, where every process must
   launch the same programs in the same order for their collectives to pair up,
-  and on a mesh of several accelerators, whose collectives (NCCL) can deadlock
-  when two programs interleave them. Outputs are the same either way.
+  and on accelerators: on a GPU, XLA runs a program's steps as CUDA graphs, and
+  a second program launched while one is being captured fails (a segfault, or
+  CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; seen on an H200), and on a mesh of
+  several, their collectives (NCCL) can deadlock when two programs interleave
+  them. Outputs are the same either way.
   """
   n = requested or config.decode.get("concurrent_batches", CONCURRENT_BATCHES)
   if int(n) < 1:
     raise ValueError(f"concurrent_batches must be >= 1, got {n}")
-  several_accelerators = mesh.size > 1 and mesh.devices.flat[0].platform != "cpu"
-  return 1 if jax.process_count() > 1 or several_accelerators else int(n)
+  if mesh.devices.flat[0].platform != "cpu":
+    if requested and int(requested) > 1:
+      logging.warning("concurrent_batches=%s: decoding one batch at a time on %s "
+                      "(concurrent programs fail there)", requested,
+                      mesh.devices.flat[0].platform)
+    return 1
+  return 1 if jax.process_count() > 1 else int(n)
 
 
 def _compiled(model, params, inputs, rows, rng, mesh, settings):
