@@ -10,6 +10,9 @@ import importlib.util
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -331,3 +334,21 @@ def test_a_count_below_one_is_refused_by_name(flag, capsys):
   with pytest.raises(SystemExit):
     run.main(["--smoke", flag, "0"])
   assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_gpu_check_stands_in_for_clu_s_tensorboard_writer_without_tensorflow(tmp_path):
+  """gpu_check.sh runs train.py on GPU images without TensorFlow: clu's writers then
+  import benchmarks/gpu_stubs' SummaryWriter, and the log writer still works."""
+  stubs = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "gpu_stubs")
+  code = ("import sys; sys.modules['tensorflow'] = None\n"
+          f"sys.path.insert(0, {stubs!r}); import sitecustomize\n"
+          "import logging; logging.basicConfig(level=logging.INFO)\n"
+          "from clu import metric_writers\n"
+          f"w = metric_writers.create_default_writer({str(tmp_path)!r}, asynchronous=False)\n"
+          "w.write_scalars(3, {'loss': 1.5}); w.write_texts(3, {'t': 'x'}); w.flush(); w.close()\n"
+          "print('ok')\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "ok" in out.stdout and "loss=1.5" in out.stderr
+  assert not list(tmp_path.iterdir())  # No TensorBoard files: summaries are dropped.
