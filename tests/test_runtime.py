@@ -1,7 +1,9 @@
-"""The commands re-execute themselves once with a faster allocator set up."""
+"""The commands re-execute themselves once with a faster allocator set up, and
+keep TensorFlow's start-up notes off their stderr."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -123,3 +125,72 @@ logging.info("our info")
   # Orbax's warning on a checkpoint opened read-only (as restore does) is dropped;
   # the same words from elsewhere are not.
   assert "read only=/ckpt" not in out.stderr and "said we" in out.stderr
+
+
+# What TensorFlow printed on stderr as it loaded (TFDS's data preparation and
+# reading, TensorBoard's event reader): absl's note before its first C++ log
+# line, oneDNN's note, cpu_feature_guard's, and any other C++ INFO line.
+TENSORFLOW_NOISE = ("absl::InitializeLog()", "oneDNN custom operations", "cpu_feature_guard",
+                    "rebuild TensorFlow")
+CPP_INFO_LINE = re.compile(r"^I\d{4} [\d:.]+\s+\d+ [\w/.-]+\.cc:\d+\]", re.M)
+
+
+def command_without_tensorflow_settings(args, timeout=180):
+  """A command run as a user runs it, without TF_CPP_MIN_LOG_LEVEL (which the
+  tests set) or TF_ENABLE_ONEDNN_OPTS in its environment."""
+  from tests import process_helpers  # pylint: disable=g-import-not-at-top
+  env = {k: v for k, v in process_helpers.command_env().items()
+         if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                        env=env, timeout=timeout)
+
+
+def assert_no_tensorflow_noise(stderr):
+  for noise in TENSORFLOW_NOISE:
+    assert noise not in stderr, stderr[-3000:]
+  assert not CPP_INFO_LINE.search(stderr), stderr[-3000:]
+
+
+def test_train_stderr_has_our_warning_and_error_and_no_tensorflow_notes(tmp_path):
+  """TFDS prepares SCAN in a new data dir (loading TensorFlow), then the run
+  stops on the split: our warning and our one-line error show, TensorFlow's
+  load-time INFO notes do not."""
+  out = command_without_tensorflow_settings([
+      "train.py", "--config", f"tests/tiny_train_config.py:{tmp_path / 'tfds'}",
+      "--workdir", str(tmp_path / "w"), "--config.model.rnn_cell=gru",
+      "--config.data.eval_split=nosuch"])
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert "--config.model.rnn_cell has no effect" in out.stderr
+  assert "train: error: SCAN has splits 'train' and 'test', not 'nosuch'" in out.stderr
+  assert os.path.isdir(tmp_path / "tfds" / "scan")  # TensorFlow did load: it wrote the data.
+  assert_no_tensorflow_noise(out.stderr)
+
+
+def test_sweep_collect_stderr_has_our_warning_and_no_tensorflow_notes(tmp_path):
+  """--collect reads the TensorBoard events with TensorBoard's reader, which
+  loads TensorFlow; a damaged sweep status is still named."""
+  from tests.helpers import fake_workdir, write_sweep  # pylint: disable=g-import-not-at-top
+  from transformer import results, sweep as sweep_lib  # pylint: disable=g-import-not-at-top
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
+  workdir = tmp_path / "runs"
+  fake_workdir(str(workdir / "base"), sweep_lib.resolve(path).variants[0].config,
+               scalars=[("eval/loss", 10, 1.5)])
+  damaged = workdir / "base" / results.STATUS_FILE
+  damaged.write_text('{"status": "fini')
+  out = command_without_tensorflow_settings(
+      ["-m", "transformer.sweep", "--sweep", path, "--workdir", str(workdir), "--collect"])
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"Skipping {damaged}: not valid JSON" in out.stderr
+  assert_no_tensorflow_noise(out.stderr)
+
+
+def test_tensorflow_settings_already_set_are_kept():
+  script = ("import os; from transformer import runtime; "
+            "print(os.environ['TF_CPP_MIN_LOG_LEVEL'], os.environ['TF_ENABLE_ONEDNN_OPTS'])")
+  base = {k: v for k, v in os.environ.items()
+          if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
+  for env, printed in [({}, "1 0"), ({"TF_CPP_MIN_LOG_LEVEL": "0"}, "0 0"),
+                       ({"TF_ENABLE_ONEDNN_OPTS": "1"}, "1 1")]:
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env={**base, **env})
+    assert out.stdout.strip() == printed

@@ -24,6 +24,21 @@ with it preloaded and set so.
 These variables act only at process start, hence the re-execution. Opt out with
 TRANSFORMER_DEFAULT_MALLOC=1; TRANSFORMER_TCMALLOC=0 keeps glibc's malloc (with
 the tunable), TRANSFORMER_TCMALLOC=/path/libtcmalloc.so picks a library.
+
+TensorFlow, loaded late by TFDS (reading data) and by clu and TensorBoard
+(writing and reading events), prints notes on stderr as its libraries load:
+"oneDNN custom operations are on", once per library with its own copy of absl's
+C++ logging (libtensorflow_framework.so.2, then the profiler's
+_pywrap_profiler_plugin.so), each after absl's "WARNING: All log messages before
+absl::InitializeLog() is called are written to STDERR"; and cpu_feature_guard's
+list of CPU instructions. Importing this module (every command does, before
+TensorFlow loads) sets TF_CPP_MIN_LOG_LEVEL=1 (TensorFlow's own INFO lines off,
+its warnings and errors kept; JAX sets the same when imported) and
+TF_ENABLE_ONEDNN_OPTS=0: the oneDNN note goes through absl at load time, where
+no log level reaches it, and is printed only while TensorFlow's oneDNN kernels
+are on. TensorFlow here only reads and writes files and computes nothing of the
+model (JAX, which reads no TF_ENABLE_ONEDNN_OPTS, does). A value already set in
+the environment is kept.
 """
 
 import contextlib
@@ -42,6 +57,17 @@ NOISY_LIBRARIES = ("/orbax/", "/tensorflow_datasets/")
 RESTARTED_ENV = "TRANSFORMER_RESTARTED_WITH"  # Set in the re-executed process.
 CACHE_ENV = "TRANSFORMER_COMPILATION_CACHE"
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "transformer", "jax")
+QUIET_TENSORFLOW_ENV = {"TF_CPP_MIN_LOG_LEVEL": "1", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+def quiet_tensorflow(environ=os.environ) -> None:
+  """Sets QUIET_TENSORFLOW_ENV in `environ` where not already set (see above):
+  done when this module is imported, so before TensorFlow loads."""
+  for name, value in QUIET_TENSORFLOW_ENV.items():
+    environ.setdefault(name, value)
+
+
+quiet_tensorflow()
 
 
 def find_tcmalloc():
