@@ -35,8 +35,6 @@ read alone: the processes share what each read met, and a step that any of them
 could not read is unreadable for all.
 """
 
-import asyncio
-import contextlib
 import glob
 import json
 import os
@@ -51,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from transformer import distributed, runtime
+from transformer import distributed, event_loops, runtime
 
 # What a save records beside its checksums: the algorithm that computed them.
 # Checksums without it were computed by algorithm 1.
@@ -188,56 +186,6 @@ def _check(state, data_state, saved: dict) -> None:
                      "changed after they were written")
 
 
-# How long a failed read waits for the reads that were running beside it.
-_FINISH_S = 60
-
-
-class _FinishingLoop(asyncio.SelectorEventLoop):
-  """An event loop that, when closed, first lets the tasks still running in it
-  end (for at most _FINISH_S seconds, then cancels them).
-
-  Orbax runs a restore's reads as tasks of a fresh loop and closes it as soon as
-  one read fails. The other reads' TensorStore operations go on in TensorStore's
-  threads, and each, when done, schedules its task on the closed loop: that
-  prints `RuntimeError: Event loop is closed` (and `Exception ignored in:
-  <coroutine ...>` for each task dropped unfinished), up to hundreds of times,
-  after the one-line error."""
-
-  def close(self):
-    pending = [t for t in asyncio.all_tasks(self) if not t.done()]
-    if pending and not self.is_running() and not self.is_closed():
-      _, late = self.run_until_complete(asyncio.wait(pending, timeout=_FINISH_S))
-      for task in late:
-        task.cancel()
-      if late:
-        self.run_until_complete(asyncio.wait(late))
-      for task in pending:  # Their errors are the reported one's siblings.
-        if not task.cancelled():
-          task.exception()
-    super().close()
-
-
-class _FinishingPolicy(asyncio.DefaultEventLoopPolicy):
-
-  def new_event_loop(self):
-    return _FinishingLoop()
-
-
-@contextlib.contextmanager
-def _finishing_event_loops():
-  """Within it, asyncio.new_event_loop() (which Orbax's restore calls) gives
-  _FinishingLoops."""
-  previous = asyncio.get_event_loop_policy()
-  if isinstance(previous, _FinishingPolicy):  # Already (a nested restore).
-    yield
-    return
-  asyncio.set_event_loop_policy(_FinishingPolicy())
-  try:
-    yield
-  finally:
-    asyncio.set_event_loop_policy(previous)
-
-
 class _ReadFailure:
   """What a process's read of a checkpoint item returned instead of raising."""
 
@@ -249,7 +197,7 @@ def _reporting(handler_cls):
   """`handler_cls`, but a failed read returns a _ReadFailure instead of raising:
   Orbax's restore ends at a barrier of all processes, which a process that
   raised would never reach. Checkpoints record `handler_cls` as their handler.
-  Its reads end before it returns, failed or not (_FinishingLoop)."""
+  Its reads end before it returns, failed or not (event_loops.FinishingLoop)."""
 
   class Reporting(handler_cls):
 
@@ -259,7 +207,7 @@ def _reporting(handler_cls):
 
     def restore(self, directory, args=None):
       try:
-        with _finishing_event_loops():
+        with event_loops.finishing_event_loops():
           return super().restore(directory, args=args)
       except Exception as e:  # pylint: disable=broad-except
         return _ReadFailure(e)
