@@ -222,6 +222,22 @@ def test_a_regular_and_a_best_checkpoint_of_one_step_save_together(tmp_path):
   assert checkpoints.complete_steps(directory + "_best") == [1, 2]
 
 
+def test_the_loss_over_many_batches_in_two_processes_equals_one_process():
+  """The teacher-forced loss (evaluate's and training's evaluations) over 300
+  batches, 2 processes of 2 devices against 1 process of 4: the same figures.
+  The batches' programs are independent, and a CPU client ran several at once,
+  so their all-reduces met across processes out of order: the job hung."""
+  figures = {}
+  for processes in (1, 2):
+    output = run_job(["tests/multiprocess_eval_check.py", "300"], processes=processes,
+                     devices=4 // processes)
+    found = re.findall(r"process (\d) of \d: (.*)", output)
+    assert len(found) == processes, output[-5000:]
+    assert len({line for _, line in found}) == 1, found  # The processes agree.
+    figures[processes] = found[0][1]
+  assert figures[1] == figures[2]
+
+
 @pytest.mark.long
 def test_tensor_parallel_within_each_process_trains_as_one_process(data_dir, tmp_path):
   """--config.train.mesh=data=2,model=2 in 2 processes of 2 devices (each host
