@@ -451,6 +451,24 @@ def test_a_best_checkpoint_being_replaced_is_named(tmp_path):
   assert workdir_lib.checkpoint_location(str(tmp_path), "best") == (str(best), None)
 
 
+def test_an_evaluation_of_an_average_since_replaced_is_not_collected(workdir, tmp_path):
+  """average_checkpoints --last 2, evaluate --checkpoint averaged, then --last 1:
+  both averages are of step 20. evaluate records the steps it averaged, and the
+  sweep's table drops its figures once another average holds the name (the old
+  code recorded the step alone, and the table showed the old average's)."""
+  from transformer.average_checkpoints import average_checkpoints
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  assert average_checkpoints(copy, last=2) == (20, [10, 20])
+  result, _ = evaluate.run(copy, split="test[:5]", checkpoint="averaged", mode="greedy")
+  assert result["checkpoint_identity"] == {"step": 20, "averaged_steps": [10, 20]}
+  config = workdir_lib.load_config(copy)
+  collected = lambda: results.evaluation(copy, config, "test[:5]", "greedy", "averaged", 20)
+  assert collected() == result
+  assert average_checkpoints(copy, last=1) == (20, [20])
+  assert collected() is None
+
+
 def test_unknown_or_absent_checkpoint_is_named(workdir):
   with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
     evaluate.run(workdir, checkpoint="newest")

@@ -2,8 +2,10 @@
 variants' workdirs (faked: config, status, checkpoints, scalars, evaluations),
 with blanks, notes and errors where a workdir holds no figure or a damaged one."""
 
+import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -34,6 +36,26 @@ def test_a_damaged_status_or_evaluation_file_is_named_and_left_blank(tmp_path, c
   assert f"Skipping {variant_dir}/eval_9.json: a list, not a JSON object" in caplog.text
 
 
+def _save_best(variant_dir, step, metrics):
+  """A kept best checkpoint as results reads it: its step's folder and the
+  metrics saved with it (Orbax's <step>/metrics/metrics)."""
+  folder = os.path.join(variant_dir, "checkpoints_best", str(step), "metrics")
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, "metrics"), "w") as f:
+    json.dump(metrics, f)
+
+
+def _save_average(variant_dir, averaged_steps):
+  """A kept average as average_checkpoints leaves it: its newest step's folder
+  and averaged.json."""
+  folder = os.path.join(variant_dir, "checkpoints_averaged")
+  shutil.rmtree(folder, ignore_errors=True)
+  os.makedirs(os.path.join(folder, str(averaged_steps[-1])))
+  with open(os.path.join(folder, "averaged.json"), "w") as f:
+    json.dump({"step": averaged_steps[-1], "averaged_steps": averaged_steps,
+               "last": len(averaged_steps)}, f)
+
+
 def test_evaluations_of_a_replaced_best_or_without_metrics_are_left_blank(tmp_path):
   """An evaluation of `best` when it was step 300, now that the kept best is
   600, is stale and left out, as one of `latest` at an older step is; an
@@ -45,15 +67,69 @@ def test_evaluations_of_a_replaced_best_or_without_metrics_are_left_blank(tmp_pa
   variant_dir = str(tmp_path / "runs" / "base")
   fake_workdir(variant_dir, sweep.variants[0].config, checkpoints=[600], evaluations=[
       {"split": "val", "mode": "greedy", "step": 300, "checkpoint": "best",
+       "checkpoint_identity": {"step": 300, "metrics": {"bleu": 11.5}},
        "metrics": {"bleu": 11.0}},
-      {"split": "test_2016_flickr", "mode": "greedy", "step": 600, "checkpoint": "best"}])
-  os.makedirs(os.path.join(variant_dir, "checkpoints_best", "600"))
+      {"split": "test_2016_flickr", "mode": "greedy", "step": 600, "checkpoint": "best",
+       "checkpoint_identity": {"step": 600, "metrics": {"bleu": 12.5}}}])
+  _save_best(variant_dir, 600, {"bleu": 12.5})
   row = results.variant_row(sweep.variants[0], variant_dir, checkpoint="best")
   assert row.get("dev_bleu_greedy") is None and row.get("test_bleu_greedy") is None
-  os.rename(os.path.join(variant_dir, "checkpoints_best", "600"),
-            os.path.join(variant_dir, "checkpoints_best", "300"))
+  shutil.rmtree(os.path.join(variant_dir, "checkpoints_best", "600"))
+  _save_best(variant_dir, 300, {"bleu": 11.5})
   assert results.variant_row(sweep.variants[0], variant_dir,
                              checkpoint="best")["dev_bleu_greedy"] == 11.0
+
+
+def test_an_evaluation_of_an_average_or_best_replaced_at_its_own_step_is_left_blank(
+    tmp_path, caplog):
+  """average_checkpoints --last 2, evaluate, then --last 5: the new average has
+  the old one's newest step (10), and the old code, which judged by the step
+  alone, showed the old average's dev PPL beside it. The evaluation records
+  which average it scored (the steps averaged); a best checkpoint replaced at
+  its own step (a run resumed from before it) is told apart by the score saved
+  with it. An evaluation that records neither (an older evaluate) cannot be
+  placed: left blank, with a warning naming it."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=10"])
+  variant_dir = str(tmp_path / "runs" / "base")
+  of_two = {"step": 10, "averaged_steps": [8, 10]}
+  fake_workdir(variant_dir, sweep.variants[0].config, checkpoints=[2, 4, 6, 8, 10],
+               evaluations=[{"split": "val", "mode": "greedy", "step": 10,
+                             "checkpoint": "averaged", "checkpoint_identity": of_two,
+                             "perplexity": 6.13, "metrics": {"bleu": 9.5}}])
+  _save_average(variant_dir, [2, 4, 6, 8, 10])
+  row = results.variant_row(sweep.variants[0], variant_dir, checkpoint="averaged")
+  assert row.get("dev_perplexity") is None and row.get("dev_bleu_greedy") is None
+  _save_average(variant_dir, [8, 10])  # The average it scored: its figures.
+  row = results.variant_row(sweep.variants[0], variant_dir, checkpoint="averaged")
+  assert (row["dev_perplexity"], row["dev_bleu_greedy"]) == (6.13, 9.5)
+  assert results.checkpoint_identity(variant_dir, "averaged", "bleu") == of_two
+
+  # An evaluation of the best checkpoint of step 10 whose score was 12.0; the
+  # kept best of step 10 now is a better one.
+  with open(os.path.join(variant_dir, "eval_best.json"), "w") as f:
+    json.dump({"split": "val", "mode": "greedy", "step": 10, "checkpoint": "best",
+               "limit": None, "checkpoint_identity": {"step": 10, "metrics": {"bleu": 12.0}},
+               "metrics": {"bleu": 12.0}}, f)
+  _save_best(variant_dir, 10, {"bleu": 13.0})
+  assert results.variant_row(sweep.variants[0], variant_dir,
+                             checkpoint="best").get("dev_bleu_greedy") is None
+  _save_best(variant_dir, 10, {"bleu": 12.0})
+  assert results.variant_row(sweep.variants[0], variant_dir,
+                             checkpoint="best")["dev_bleu_greedy"] == 12.0
+
+  old = os.path.join(variant_dir, "eval_0.json")  # As evaluate wrote it before the identity.
+  with open(old) as f:
+    result = json.load(f)
+  del result["checkpoint_identity"]
+  with open(old, "w") as f:
+    json.dump(result, f)
+  with caplog.at_level(logging.WARNING):
+    row = results.variant_row(sweep.variants[0], variant_dir, checkpoint="averaged")
+  assert row.get("dev_perplexity") is None and row.get("dev_bleu_greedy") is None
+  assert (f"Skipping {old}: it does not record which averaged checkpoint it scored"
+          in caplog.text)
 
 
 def test_a_variant_continued_outside_the_sweep_shows_its_newest_step(tmp_path):

@@ -14,7 +14,9 @@ model sees them, so one longer than data.max_length counts cut there
 written to DIR/eval_{split}_{checkpoint}_{mode}.json (split in file-name characters:
 test[:50] as test.to50; mode: greedy, or beam{K}-a{alpha};
 '-n{N}' added with --limit, '-x{N}' with a --max_extra_len other than the config's), the hypotheses to the same name with .txt, one per
-line in the split's order.
+line in the split's order. The JSON records which `best` or `averaged` checkpoint
+it scored (checkpoint_identity: the score saved with it, or the steps averaged),
+which a later one may replace under the same name and step.
 
 It streams: the split is read, decoded (sorted by length within the chunk) and
 scored --chunk_lines examples at a time (default 4096, so a dev or test set is
@@ -47,7 +49,7 @@ from absl import logging
 import jax
 
 from transformer import data as data_lib
-from transformer import decode, distributed, files, inference, runtime, training
+from transformer import decode, distributed, files, inference, results, runtime, training
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 from transformer.config import SCORED_DECODE_MODES
@@ -106,7 +108,14 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   first = distributed.process_0_first(lambda: next(chunks, None), "evaluate data")
   if first is None:
     raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
+  # Which best or average it is (a later one takes the name, at any step): read
+  # before and after the restore, so that the record is of the state scored.
+  metric = metrics_lib.main_metric(config.data.dataset)
+  identity = results.checkpoint_identity(workdir, checkpoint, metric)
   restored = workdir_lib.restore(workdir, checkpoint)
+  if identity != results.checkpoint_identity(workdir, checkpoint, metric, restored.step):
+    raise runtime.CommandError(f"the {checkpoint} checkpoint of {workdir} was replaced while "
+                               "evaluate read it: rerun")
   eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
                                       label_smoothing=config.train.label_smoothing))
   beam_size, alpha = settings["beam_size"], settings["alpha"]
@@ -147,7 +156,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
                       config.data.max_length)
     result = {
         "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
-        "step": int(restored.step), "dataset": config.data.dataset, "split": split,
+        "step": int(restored.step), results.IDENTITY_KEY: identity,
+        "dataset": config.data.dataset, "split": split,
         "limit": limit, "mode": mode,
         "beam_size": beam_size if mode == "beam" else None,
         "alpha": alpha if mode == "beam" else None, "max_extra_len": settings["max_extra_len"],

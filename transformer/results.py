@@ -7,7 +7,9 @@ For each variant, from <sweep workdir>/<variant>/:
   events.out.tfevents.*   eval/perplexity and decode/<metric> at the last step
   eval_*.json             transformer.evaluate's scores of the chosen checkpoint:
                           dev = data.eval_split, test = data.test_split, greedy and
-                          beam (config.decode's beam size and alpha), whole splits only
+                          beam (config.decode's beam size and alpha), whole splits only;
+                          of a best or averaged checkpoint, only those that record it
+                          as it is now (checkpoint_identity), not one it replaced
 A figure that is not there is left blank. Dev perplexity is per target token
 without label smoothing (Table 3's "PPL (dev)"): evaluate's for the checkpoint,
 else training's last evaluation when the checkpoint is 'latest'.
@@ -24,8 +26,9 @@ from typing import Optional
 
 from absl import logging
 import jax
+import orbax.checkpoint as ocp
 
-from transformer import checkpoints, files, metrics as metrics_lib, summary
+from transformer import average_checkpoints, checkpoints, files, metrics as metrics_lib, summary
 from transformer import workdir as workdir_lib
 from transformer.config import model_config, same_recipe
 
@@ -130,6 +133,64 @@ def last_scalars(variant_dir: str, tags) -> dict:
 
 
 TABLE_FILES = ("results.md", "results.csv")  # Beside the variants' workdirs.
+REPLACEABLE = ("best", "averaged")  # Checkpoint names that a later save gives to another state.
+IDENTITY_KEY = "checkpoint_identity"  # evaluate's record of which one it scored.
+_METRICS_ITEM = ocp.checkpoint_manager.METRIC_ITEM_NAME  # <step>/metrics/metrics: a best's score.
+
+
+def _saved_metrics(directory: str, step: int) -> Optional[dict]:
+  """The metrics saved with a best checkpoint (what made it best); None where unreadable."""
+  path = os.path.join(directory, str(step), _METRICS_ITEM, _METRICS_ITEM)
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return value if isinstance(value, dict) and value else None
+
+
+def checkpoint_identity(workdir: str, checkpoint: str, metric: str,
+                        step: Optional[int] = None) -> Optional[dict]:
+  """What tells the `best` or `averaged` checkpoint of `workdir` from another
+  that has since taken its name, at any step, its own included (None for other
+  names, whose step says it, and where it cannot be read):
+    averaged  {"step", "averaged_steps"}: average_checkpoints' averaged.json (an
+              average of --last 2 and one of --last 5 share their newest step);
+    best      {"step", "metrics"}: the score saved with it (`metric` the one that
+              ranks them), which a replacement of the same step beats.
+  `step`: the one restored (evaluate), else the one a restore would read first.
+  evaluate records it; results.evaluation skips a JSON whose identity is not the
+  current checkpoint's."""
+  if checkpoint not in REPLACEABLE:
+    return None
+  try:
+    directory, _ = workdir_lib.checkpoint_location(workdir, checkpoint)
+  except FileNotFoundError:  # A best checkpoint being replaced.
+    return None
+  if checkpoint == "averaged":
+    path = os.path.join(directory, average_checkpoints.SUMMARY)
+    recorded = _read_json(path) if os.path.exists(path) else None
+    averaged = (recorded or {}).get("averaged_steps")
+    if (not isinstance(averaged, list) or not averaged
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in averaged)
+        or step not in (None, averaged[-1])
+        or averaged[-1] not in checkpoints.complete_steps(directory)):
+      return None
+    return {"step": averaged[-1], "averaged_steps": averaged}
+  steps = checkpoints.complete_steps(directory)
+  saved = {s: _saved_metrics(directory, s) for s in steps}
+
+  def value(s):
+    try:
+      return float(saved[s][metric])
+    except (TypeError, KeyError, ValueError):
+      return float("-inf")
+
+  if step is None and steps:  # As Checkpointer.restore orders them: the best value first.
+    step = max(steps, key=lambda s: (value(s), s))
+  if saved.get(step) is None:
+    return None
+  return {"step": step, "metrics": saved[step]}
 
 
 def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
@@ -137,11 +198,14 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
   """The newest evaluate JSON of the whole `split` with `mode` for `checkpoint`
   (at config.decode's output length limit; beam at its beam size and alpha); a
   'latest' one made before the last step, or one of a 'best' or 'averaged'
-  checkpoint since replaced, is stale and ignored."""
+  checkpoint since replaced (its checkpoint_identity not the current one's), is
+  stale and ignored. So is one of a 'best' or 'averaged' that records no
+  identity (evaluate before it recorded one): which average or best it scored
+  is unknown, and a warning names it."""
   found = []
-  replaceable = checkpoint in ("best", "averaged")
-  kept = set(checkpoints.complete_steps(
-      os.path.join(variant_dir, workdir_lib.CHECKPOINT_DIRS[checkpoint]))) if replaceable else ()
+  replaceable = checkpoint in REPLACEABLE
+  current = checkpoint_identity(variant_dir, checkpoint,
+                                metrics_lib.main_metric(config.data.dataset))
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
     result = _read_json(path)
     if result is None:
@@ -156,7 +220,11 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
       continue
     if checkpoint == "latest" and steps is not None and result.get("step") != steps:
       continue
-    if replaceable and result.get("step") not in kept:
+    if replaceable and IDENTITY_KEY not in result:
+      logging.warning("Skipping %s: it does not record which %s checkpoint it scored (an "
+                      "older evaluate); rerun evaluate to fill its figure.", path, checkpoint)
+      continue
+    if replaceable and (current is None or result[IDENTITY_KEY] != current):
       continue  # Of a best or average that a later one has replaced.
     found.append((os.path.getmtime(path), path, result))
   return max(found)[2] if found else None
