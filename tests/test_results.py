@@ -349,3 +349,33 @@ def test_a_damaged_base_status_is_named_once_and_the_notes_stay_true(tmp_path):
   assert out.stderr.count("Skipping") == 1 and f"Skipping {damaged}: not valid JSON" in out.stderr
   assert "On every variant (--set): `train.num_steps=3`." in out.stdout
   assert not [line for line in out.stdout.splitlines() if line.startswith("- ")], out.stdout
+
+
+def test_collect_with_an_unknown_checkpoint_name_stops_before_writing(tmp_path):
+  """`--collect --checkpoint bogus` exited 0 and replaced results.md and
+  results.csv with an all-blank table of 'checkpoint bogus'; it stops in one
+  line, as evaluate does, and the tables stay as they were."""
+  from tests import process_helpers  # pylint: disable=g-import-not-at-top
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
+  sweep = sweep_lib.resolve(path)
+  workdir = str(tmp_path / "runs")
+  fake_workdir(os.path.join(workdir, "base"), sweep.variants[0].config,
+               {"status": "finished", "steps": 3})
+  results.collect(sweep, workdir)
+  before = {}
+  for name in results.TABLE_FILES:
+    with open(os.path.join(workdir, name)) as f:
+      before[name] = f.read()
+  with pytest.raises(ValueError, match=r"checkpoint must be a step number or one of "
+                     r"\['averaged', 'best', 'latest'\], got 'bogus'"):
+    results.collect(sweep, workdir, "bogus")
+  out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep", path,
+                        "--workdir", workdir, "--collect", "--checkpoint", "bogus"], cwd=ROOT,
+                       capture_output=True, text=True, env=process_helpers.command_env())
+  assert out.returncode == 1 and not out.stdout, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      "sweep: error: checkpoint must be a step number or one of ['averaged', 'best', "
+      "'latest'], got 'bogus'"), out.stderr[-2000:]
+  for name in results.TABLE_FILES:
+    with open(os.path.join(workdir, name)) as f:
+      assert f.read() == before[name], name

@@ -332,6 +332,9 @@ def collect(sweep, workdir: str, checkpoint: str = "latest", statuses: Optional[
   still labels the run's table. A workdir of no variant as `sweep` resolves
   them gets a row too, with a note: no trained variant is left out.
   """
+  # evaluate's check of the name (a ValueError naming the names), before
+  # anything is read or written: a bad one would make a table of blanks.
+  workdir_lib.checkpoint_location(workdir, checkpoint)
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--collect: sweep workdir {workdir!r} does not exist")
   base_dir = os.path.join(workdir, sweep.variants[0].name)
