@@ -379,3 +379,33 @@ def test_collect_with_an_unknown_checkpoint_name_stops_before_writing(tmp_path):
   for name in results.TABLE_FILES:
     with open(os.path.join(workdir, name)) as f:
       assert f.read() == before[name], name
+
+
+def test_collect_names_the_rows_whose_params_are_counted_at_data_vocab_size(tmp_path):
+  """A row whose workdir holds its trained vocabulary counts the embeddings at
+  that vocabulary's size (SCAN words: fewer than data.vocab_size = 32); one
+  without (an emitted command's copied workdir, say) at data.vocab_size. The
+  old table set them side by side without a word; a note names the latter."""
+  from transformer.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
+  sweep = sweep_lib.resolve(path)
+  workdir = str(tmp_path / "runs")
+  for variant in sweep.variants:
+    fake_workdir(os.path.join(workdir, variant.name), variant.config,
+                 {"status": "finished", "steps": 3})
+  tokenizer = tokenizer_lib.train(["walk left twice", "jump around right", "I_WALK I_JUMP"],
+                                  "word", 32)
+  tokenizer.save(os.path.join(workdir, "base", "spm.model"))
+  assert tokenizer.vocab_size < sweep.variants[0].config.data.vocab_size
+  rows = [results.variant_row(v, os.path.join(workdir, v.name)) for v in sweep.variants]
+  assert [row["parameters"] for row in rows] == [
+      results.count_parameters(v.config, size)
+      for v, size in zip(sweep.variants, (tokenizer.vocab_size, 0))]
+  markdown = results.collect(sweep, workdir)
+  assert ("params of ls0: at data.vocab_size (no trained vocabulary in the workdir); the "
+          "others' at their trained vocabulary's size.") in markdown.split("\n\n")
+  os.remove(os.path.join(workdir, "base", "spm.model"))
+  markdown = results.collect(sweep, workdir)
+  assert ("params: at data.vocab_size (no workdir holds its trained vocabulary)."
+          in markdown.split("\n\n"))

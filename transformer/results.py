@@ -1,7 +1,9 @@
 """What a sweep's training workdirs hold, as one table: results.md and results.csv.
 
 For each variant, from <sweep workdir>/<variant>/:
-  config.json, spm.model  the parameter count (shapes only, jax.eval_shape)
+  config.json, spm.model  the parameter count (shapes only, jax.eval_shape), at the
+                          trained vocabulary's size; without one, at data.vocab_size,
+                          and a note over the table names those rows
   sweep_status.json       status, wall time and steps (written by the sweep's local mode)
   checkpoints/            the steps reached, where no status says
   events.out.tfevents.*   eval/perplexity and decode/<metric> at the last step
@@ -258,10 +260,14 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
     return row
   config = workdir_lib.load_config(variant_dir)
   metric = metrics_lib.main_metric(config.data.dataset)
-  spm = os.path.join(variant_dir, "spm.model")
+  # At the trained vocabulary's size, as the model has it; where the workdir
+  # holds none, at data.vocab_size (the table's notes name those rows).
+  vocabulary = config.data.get("vocab_path") or os.path.join(variant_dir, "spm.model")
+  has_vocabulary = os.path.exists(vocabulary)
   vocab_size = workdir_lib.load_tokenizer(variant_dir, config).vocab_size if (
-      os.path.exists(spm)) else 0
+      has_vocabulary) else 0
   row["parameters"] = count_parameters(config, vocab_size)
+  row["parameters_at_vocab_size"] = not has_vocabulary
   scalars = last_scalars(variant_dir, ["eval/perplexity", f"decode/{metric}"])
   row[f"dev_{metric}_training"] = scalars.get(f"decode/{metric}")
   for name, split in (("dev", config.data.eval_split), ("test", config.data.test_split)):
@@ -321,6 +327,19 @@ def to_markdown(rows, metric: str, title: str, notes=()) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _estimated_note(rows) -> Optional[str]:
+  """The note naming the rows whose params are counted at data.vocab_size (no
+  trained vocabulary in the workdir), where there are such rows."""
+  counted = [row for row in rows if row.get("parameters") is not None]
+  estimated = [row["variant"] for row in counted if row.get("parameters_at_vocab_size")]
+  if not estimated:
+    return None
+  if len(estimated) == len(counted):
+    return "params: at data.vocab_size (no workdir holds its trained vocabulary)."
+  return (f"params of {', '.join(estimated)}: at data.vocab_size (no trained vocabulary in "
+          "the workdir); the others' at their trained vocabulary's size.")
+
+
 def collect(sweep, workdir: str, checkpoint: str = "latest", statuses: Optional[dict] = None):
   """Writes results.md and results.csv into `workdir`; returns the markdown.
   `statuses`: read_statuses(workdir), where the caller has read them (each
@@ -367,6 +386,7 @@ def collect(sweep, workdir: str, checkpoint: str = "latest", statuses: Optional[
                " (training): the decode during training at its last step "
                f"({base.train.decode_mode}, {base.train.decode_examples or 'all'} sentences)."
                if base.train.decode_every else ""),
+           _estimated_note(rows),
            "A blank is a figure the workdir does not hold."]
   markdown = to_markdown(rows, metric, f"{sweep.path} on {sweep.base}",
                          [n for n in notes if n])
