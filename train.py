@@ -52,8 +52,9 @@ def main(argv):
   try:
     # In a multi-process job a failing process exits at once (distributed.py);
     # alone, a bad value stops it in one line.
-    with runtime.one_line_errors("train", extra=(FloatingPointError,)), \
-        distributed.exit_at_once_on_error():
+    one_line = (FloatingPointError,)
+    with runtime.one_line_errors("train", extra=one_line), \
+        distributed.exit_at_once_on_error("train", one_line=one_line):
       runtime.use_compilation_cache()
       training.train_and_evaluate(config, workdir)  # Logs the config once it is usable.
   except preemption.Preempted as e:  # A checkpoint is saved; a rerun resumes from it.

@@ -222,6 +222,20 @@ def test_a_regular_and_a_best_checkpoint_of_one_step_save_together(tmp_path):
   assert checkpoints.complete_steps(directory + "_best") == [1, 2]
 
 
+def test_bad_input_stops_a_two_process_command_in_one_line_each(tmp_path):
+  """A workdir that does not exist, given to evaluate in a 2-process job: each
+  process says so in one line, as one process does, with no traceback."""
+  missing = str(tmp_path / "nosuch")
+  command, env = launch_command(["-m", "transformer.evaluate", f"--workdir={missing}"])
+  out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=JOB_TIMEOUT_S + 60)
+  output = out.stdout + out.stderr
+  assert out.returncode == 1, output[-5000:]
+  assert "Traceback" not in output, output[-5000:]
+  assert re.search(rf"\[p[01]\] evaluate: error \(process [01] of 2\): .*{missing}", output), (
+      output[-5000:])
+
+
 def test_the_loss_over_many_batches_in_two_processes_equals_one_process():
   """The teacher-forced loss (evaluate's and training's evaluations) over 300
   batches, 2 processes of 2 devices against 1 process of 4: the same figures.

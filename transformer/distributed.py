@@ -285,22 +285,27 @@ def process_0_first(fn, name: str):
 
 
 @contextlib.contextmanager
-def exit_at_once_on_error():
+def exit_at_once_on_error(command: str, one_line=()):
   """In a multi-process job, a process that fails prints the error and exits at
   once, status 1: a normal exit would first wait for the others at JAX's
   shutdown barrier (up to shutdown_timeout_s), while they wait for it in a
-  collective. Its death then ends them within heartbeat_timeout_s. A preemption
-  stop is no failure: every process stops after the same step, and they exit
-  together."""
+  collective. Its death then ends them within heartbeat_timeout_s. Bad input
+  (runtime.ONE_LINE_ERRORS and `one_line`) prints one line, as runtime.one_line_errors
+  does in one process; anything else its traceback. A preemption stop is no
+  failure: every process stops after the same step, and they exit together."""
   try:
     yield
   except preemption.Preempted:
     raise
-  except (Exception, KeyboardInterrupt):  # pylint: disable=broad-except
+  except (Exception, KeyboardInterrupt) as e:  # pylint: disable=broad-except
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
       raise
-    sys.stderr.write(f"process {jax.process_index()} of {jax.process_count()} failed:\n"
-                     + traceback.format_exc())
+    where = f"process {jax.process_index()} of {jax.process_count()}"
+    if isinstance(e, runtime.ONE_LINE_ERRORS + tuple(one_line)):
+      logging.debug("%s stopped on", command, exc_info=True)
+      sys.stderr.write(f"{command}: error ({where}): {e}\n")
+    else:
+      sys.stderr.write(f"{where} failed:\n" + traceback.format_exc())
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(1)  # pylint: disable=protected-access

@@ -128,7 +128,7 @@ def command(name: str, workdir: str):
   workdir's timeouts, a failing process exiting at once."""
   runtime.quiet_library_logs()
   runtime.use_compilation_cache()
-  with runtime.one_line_errors(name), distributed.exit_at_once_on_error():
+  with runtime.one_line_errors(name), distributed.exit_at_once_on_error(name):
     distributed.maybe_initialize(distributed_settings(workdir))
     yield
 
