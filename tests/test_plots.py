@@ -145,3 +145,19 @@ def test_positional_command_writes_png(tmp_path):
   assert result.returncode == 1 and "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
       f"plots: error: --out {missing!r}: no such directory")
+
+
+def test_positional_command_names_a_directory_out_and_an_oversized_table(tmp_path):
+  """--out naming a folder was refused with the temporary file's path; a table of
+  4096 x 100,000 values filled 24 GB before matplotlib was reached."""
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer.plots", "positional", "--out", str(tmp_path)],
+      cwd=ROOT, capture_output=True, text=True,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"plots: error: --out {str(tmp_path)!r} is a directory: name the PNG file to write")
+  assert os.listdir(tmp_path) == []
+  with pytest.raises(ValueError, match="d_model x max_len = 409,600,000 values"):
+    plots.plot_positional_encoding(4096, 100_000, str(tmp_path / "pe.png"))
+  assert os.listdir(tmp_path) == []

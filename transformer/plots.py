@@ -138,13 +138,23 @@ def plot_attention(weights_HxTxS, source_tokens, output_tokens, path, head="all"
   save_figure(fig, path)
 
 
+# The positional table's size limit: 2**24 values (128 MiB in float64) is far more
+# than a 10,000-pixel image shows, and a typo (--max_len 100000 at d_model 4096)
+# would otherwise fill the memory before matplotlib is reached.
+MAX_CELLS = 2**24
+
+
 def plot_positional_encoding(d_model, max_len, path):
   """The sinusoidal table (section 3.5) as an image: position down, dimension across."""
   if d_model < 2 or d_model % 2 or max_len < 1:
     raise ValueError(f"need an even d_model >= 2 and max_len >= 1, got d_model={d_model}, "
                      f"max_len={max_len}")
+  if d_model * max_len > MAX_CELLS:
+    raise ValueError(f"d_model x max_len = {d_model * max_len:,} values: more than the "
+                     f"{MAX_CELLS:,} an image can show; draw fewer positions")
   table = sinusoidal_table(max_len, d_model)
-  fig, ax = plt.subplots(figsize=(8, max(3.0, 8 * max_len / d_model)))
+  # At most 100 inches (10,000 pixels) tall: an image's rows then hold several positions.
+  fig, ax = plt.subplots(figsize=(8, min(100.0, max(3.0, 8 * max_len / d_model))))
   image = ax.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto",
                     interpolation="nearest")
   ax.set_xlabel("dimension i (sin on even, cos on odd)")
@@ -162,6 +172,8 @@ def main(argv):
   try:
     if not os.path.isdir(os.path.dirname(os.path.abspath(f.out))):
       raise FileNotFoundError(f"--out {f.out!r}: no such directory")
+    if os.path.isdir(f.out):
+      raise IsADirectoryError(f"--out {f.out!r} is a directory: name the PNG file to write")
     plot_positional_encoding(f.d_model, f.max_len, f.out)
   except (OSError, ValueError) as e:
     sys.exit(f"plots: error: {e}")
