@@ -236,6 +236,19 @@ def test_bad_input_stops_a_two_process_command_in_one_line_each(tmp_path):
       output[-5000:])
 
 
+def test_average_checkpoints_in_two_processes_with_one_a_little_late(runs, tmp_path):
+  """average_checkpoints in 2 processes, process 1 finishing its save 2 s after
+  process 0: process 0 renamed the staged average away before process 1 checked
+  it, and process 1 failed the job (CheckpointSaveError) after a correct average."""
+  workdir = str(tmp_path / "average")
+  shutil.copytree(runs["one"], workdir)
+  output = run_job(["tests/multiprocess_average_check.py", f"--workdir={workdir}", "--last=3"])
+  assert "[p0] averaged steps [10, 11, 12] into checkpoints_averaged/12" in output, (
+      output[-5000:])
+  assert checkpoints.complete_steps(os.path.join(workdir, "checkpoints_averaged")) == [12]
+  assert not glob.glob(os.path.join(workdir, "checkpoints_averaged.*"))
+
+
 def test_the_loss_over_many_batches_in_two_processes_equals_one_process():
   """The teacher-forced loss (evaluate's and training's evaluations) over 300
   batches, 2 processes of 2 devices against 1 process of 4: the same figures.

@@ -131,6 +131,9 @@ def _average(workdir, last, mesh):
   writer = checkpoints.Checkpointer(staging, keep=1)
   writer.save(chosen[-1], averaged, newest["data_state"])
   writer.close()
+  # Every process has finished its part (close() checks the staged step) before
+  # process 0 renames the staging directory away from a slower one's check.
+  distributed.barrier("average_checkpoints written")
   if jax.process_index() == 0:
     with open(os.path.join(staging, SUMMARY), "w") as f:
       json.dump({"step": chosen[-1], "averaged_steps": chosen, "last": last}, f)
