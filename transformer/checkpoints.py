@@ -25,8 +25,9 @@ read is named in a warning and set aside as above.
 A save that fails (a full disk, a denied permission; Orbax writes in the
 background, so the error may surface at the next save or at close) raises
 CheckpointSaveError naming the step, the reason and the last good checkpoint;
-close() then removes what the failed save had written. Training stops there,
-and a rerun resumes from the last good regular checkpoint.
+close() then lets the failed save's other writes end (event_loops) and
+removes what it had written. Training stops there, and a rerun resumes from the
+last good regular checkpoint.
 
 In a multi-process job every process runs the same calls; process 0 alone
 moves checkpoint directories aside (and back), and the others wait for it. Each
@@ -328,6 +329,7 @@ class Checkpointer:
                                           handler_registry=_handlers())
     self._pending = None  # The step being written in the background.
     self._failed = False  # A CheckpointSaveError was raised: close() reports no more.
+    self._holding = False  # Holds event_loops' FinishingLoops for its saves' threads.
 
   def steps(self):
     return sorted(self._manager.all_steps())
@@ -351,6 +353,7 @@ class Checkpointer:
           self._replaced = (step, self._move_aside(step, REPLACED_SUFFIX))
         distributed.barrier("checkpoints: best checkpoint moved aside")
         self._manager.reload()
+      self._hold_loops()
       self._manager.save(step, metrics=metrics, force=bool(self._best_metric),
                          args=ocp.args.Composite(
                              state=ocp.args.StandardSave(state),
@@ -371,6 +374,21 @@ class Checkpointer:
     if pending is not None and not os.path.isdir(os.path.join(self.directory, str(pending))):
       raise self._save_error(pending, "it was not completed (Orbax's log above says why)")
     self._settle_replaced()
+    if not self._failed:  # Its threads have ended (after a failure, close() waits for them).
+      self._release_loops()
+
+  def _hold_loops(self) -> None:
+    """Until its saves' threads end, the event loops that Orbax makes for them
+    are event_loops.FinishingLoops: where one array's write fails, Orbax would
+    close the loop while the others' go on (see there)."""
+    if not self._holding:
+      event_loops.hold()
+      self._holding = True
+
+  def _release_loops(self) -> None:
+    if self._holding:
+      self._holding = False
+      event_loops.release()
 
   def _save_error(self, step, error) -> CheckpointSaveError:
     self._failed = True
@@ -559,17 +577,26 @@ class Checkpointer:
         raise
     finally:
       try:
-        self._manager.close()
-      except Exception:  # pylint: disable=broad-except  # After a failed save: logged.
-        if not self._failed:
-          raise
-      if self._failed:
-        # A failed item leaves the other items' writer threads running: let them
-        # end (and log) before the message, then remove what the failed save
-        # wrote, which frees what it took of a full disk.
-        for thread in threading.enumerate():
-          if type(thread).__module__.startswith("orbax.") and thread.is_alive():
-            thread.join(timeout=30)
-        pattern = os.path.join(glob.escape(self.directory), "*.orbax-checkpoint-tmp*")
-        for partial in glob.glob(pattern):
-          shutil.rmtree(partial, ignore_errors=True)
+        self._close_manager()
+      finally:
+        self._release_loops()
+
+  def _close_manager(self) -> None:
+    try:
+      self._manager.close()
+    except Exception:  # pylint: disable=broad-except  # After a failed save: logged.
+      if not self._failed:
+        raise
+    if self._failed:
+      # A failed item leaves the other items' writer threads running: let them
+      # end (and log) before the message (each thread's writes end before it
+      # does: event_loops.FinishingLoop), then remove what the failed save
+      # wrote, which frees what it took of a full disk. Thread's own join:
+      # Orbax's raises the thread's error, which would stand in for the one
+      # reported, and leave the rest behind.
+      for thread in threading.enumerate():
+        if type(thread).__module__.startswith("orbax.") and thread.is_alive():
+          threading.Thread.join(thread, timeout=30)
+      pattern = os.path.join(glob.escape(self.directory), "*.orbax-checkpoint-tmp*")
+      for partial in glob.glob(pattern):
+        shutil.rmtree(partial, ignore_errors=True)
