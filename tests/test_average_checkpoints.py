@@ -130,3 +130,28 @@ def test_a_kill_while_averaging_leaves_the_previous_average(workdir, tmp_path, w
     np.testing.assert_array_equal(x, y)
   assert sorted(n for n in os.listdir(path) if n.startswith("checkpoints") or n == "LOCK") == [
       "checkpoints", "checkpoints_averaged"]
+
+
+def test_a_failed_write_of_the_average_is_named_as_such_and_keeps_the_previous(workdir):
+  """A full disk while writing the new average: one line that names the steps
+  averaged and says the previous average is kept (it spoke of training having
+  stopped), and that average still restores."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from tests import process_helpers as ph  # pylint: disable=g-import-not-at-top
+  path, _, _, _ = workdir
+  average_checkpoints(path, last=2)
+  previous = workdir_lib.restore(path, "averaged").params
+  out = subprocess.run(
+      [sys.executable, os.path.join("tests", "fault_average.py"), "--workdir", path,
+       "--last", "1"], cwd=ph.ROOT, env=ph.command_env(FAULT_SAVE_ERROR_STEP="20"),
+      capture_output=True, text=True, timeout=240)
+  assert out.returncode == 1, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("average_checkpoints: error: the average of steps [20] could not be "
+                         "written to "), last
+  assert "No space left on device" in last and last.endswith("the previous average is kept")
+  assert "Training" not in last
+  for x, y in zip(jax.tree.leaves(workdir_lib.restore(path, "averaged").params),
+                  jax.tree.leaves(previous)):
+    np.testing.assert_array_equal(x, y)

@@ -129,8 +129,16 @@ def _average(workdir, last, mesh):
     shutil.rmtree(staging, ignore_errors=True)
   distributed.barrier("average_checkpoints staging")  # Removed before anyone writes.
   writer = checkpoints.Checkpointer(staging, keep=1)
-  writer.save(chosen[-1], averaged, newest["data_state"])
-  writer.close()
+  try:
+    try:
+      writer.save(chosen[-1], averaged, newest["data_state"])
+    finally:
+      writer.close()
+  except checkpoints.CheckpointSaveError as e:  # Its message speaks of training.
+    kept = "the previous average is kept" if os.path.isdir(final) else "there is no average"
+    raise checkpoints.CheckpointSaveError(
+        f"the average of steps {chosen} could not be written to {staging}: "
+        f"{e.reason or e}; {kept}", e.step, e.reason) from e
   # Every process has finished its part (close() checks the staged step) before
   # process 0 renames the staging directory away from a slower one's check.
   distributed.barrier("average_checkpoints written")

@@ -71,7 +71,12 @@ def stop_marks(data_state: dict):
 
 
 class CheckpointSaveError(runtime.CommandError):
-  """A checkpoint could not be written; the older ones are intact."""
+  """A checkpoint could not be written; the older ones are intact. `step` and
+  `reason` let a writer other than training (average_checkpoints) say so its way."""
+
+  def __init__(self, message, step=None, reason=None):
+    super().__init__(message)
+    self.step, self.reason = step, reason
 
 
 class UnreadableCheckpointError(runtime.CommandError):
@@ -404,12 +409,13 @@ class Checkpointer:
               else "there is no best checkpoint yet, and a rerun resumes from the last "
               "regular checkpoint")
       return CheckpointSaveError(f"best checkpoint {step} could not be written to "
-                                 f"{self.directory}: {error}. Training stopped; {last}.")
+                                 f"{self.directory}: {error}. Training stopped; {last}.",
+                                 step, str(error))
     good = [n for n in complete_steps(self.directory) if n != step]
     last = (f"the last good checkpoint is step {max(good)}, which a rerun resumes from"
             if good else "there is no earlier checkpoint")
     return CheckpointSaveError(f"checkpoint {step} could not be written to {self.directory}: "
-                               f"{error}. Training stopped; {last}.")
+                               f"{error}. Training stopped; {last}.", step, str(error))
 
   def _value(self, step):
     """The saved value of the best metric at `step` (-inf where unreadable)."""
