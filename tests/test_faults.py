@@ -174,3 +174,33 @@ def test_a_save_refused_at_once_names_the_step_and_the_last_good_one(tmp_path, m
                                                                           "step": sharding})
   assert step == 1 and data_state == {"index": 1}
   assert restored["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_sigterm_sent_twice_at_once_is_one_stop_request_a_later_one_or_sigint_acts():
+  """A scheduler's SIGTERM to every process of a job reaches training twice when
+  a sweep runs it (the sweep passes its own on): training stopped at once, without
+  saving. Now a second SIGTERM within preemption.DUPLICATE_S is the same request;
+  one after it, or a second SIGINT, goes to the handler before ours at once."""
+  from transformer import preemption  # pylint: disable=g-import-not-at-top
+  seen = []
+  before = {s: signal.signal(s, lambda signum, frame: seen.append(signum))
+            for s in preemption.SIGNALS}
+  try:
+    for second, pause, passed_on in ((signal.SIGTERM, 0.0, []),
+                                     (signal.SIGTERM, preemption.DUPLICATE_S + 0.2,
+                                      [signal.SIGTERM]),
+                                     (signal.SIGINT, 0.0, [signal.SIGINT])):
+      seen.clear()
+      signals = preemption.StopSignals().install()
+      first = signal.SIGINT if second == signal.SIGINT else signal.SIGTERM
+      os.kill(os.getpid(), first)
+      time.sleep(0.05)  # Python runs the handler between bytecodes of this thread.
+      assert signals.received == first and signals.stop_after(1) and seen == []
+      time.sleep(pause)
+      os.kill(os.getpid(), second)
+      time.sleep(0.05)
+      assert seen == passed_on, (second, pause, seen)
+      signals.restore()
+  finally:
+    for s, handler in before.items():
+      signal.signal(s, handler)

@@ -9,7 +9,10 @@ for SIGINT: what a shell reports for a process the signal killed), so a
 requeued job, or the same command rerun, resumes from that checkpoint. A second
 signal acts at once, as if none of this were here: an impatient Ctrl-C still
 stops, and the save it interrupts is never mistaken for a checkpoint (Orbax
-writes a temporary directory and renames it when complete).
+writes a temporary directory and renames it when complete). Except a second
+SIGTERM within DUPLICATE_S of the first: that is the same request sent twice (a
+scheduler signals every process of a job, and a sweep passes its own on to the
+training it runs), and training still saves.
 
 Signals reach Python's main thread only, so the handlers are installed only
 there. A multi-process job must stop every process after the same step, or the
@@ -28,12 +31,15 @@ process at once. Other commands join without the service
 import os
 import signal
 import threading
+import time
 
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Seconds within which a second SIGTERM is taken for the first one sent twice.
+DUPLICATE_S = 1.0
 
 
 class Preempted(Exception):
@@ -60,6 +66,7 @@ class StopSignals:
 
   def __init__(self):
     self.received = None
+    self._received_at = None
     self._previous = {}
     self._job_wide = False
 
@@ -74,11 +81,20 @@ class StopSignals:
     return self
 
   def _handle(self, signum, frame):  # pylint: disable=unused-argument
-    self.received = signum
+    now = time.monotonic()
+    if self.received is not None:  # A second signal.
+      if signum == self.received == signal.SIGTERM and now - self._received_at < DUPLICATE_S:
+        logging.warning("SIGTERM received again within %.1f s: the same stop request.",
+                        DUPLICATE_S)
+        return
+      self.restore()
+      os.kill(os.getpid(), signum)  # Delivered again, to the handler before ours.
+      return
+    self.received, self._received_at = signum, now
     logging.warning("%s received: saving a checkpoint after the step in flight, then "
                     "stopping (send it again to stop at once).", signal.Signals(signum).name)
-    self.restore()  # The second signal gets the usual behaviour.
     if self._job_wide:
+      self.restore()
       os.kill(os.getpid(), signal.SIGTERM)  # To JAX's notifier: every process stops.
 
   def stop_after(self, step: int) -> bool:
