@@ -14,7 +14,7 @@ import pytest
 
 from tests import process_helpers as ph
 from tests.helpers import tiny_experiment
-from transformer import files, lock, training
+from transformer import checkpoints, files, lock, training
 from transformer import workdir as workdir_lib
 from transformer.config import resume_changes
 from transformer.data import tokenizer as tokenizer_lib
@@ -272,6 +272,42 @@ def test_a_run_stopped_by_a_bad_value_leaves_the_workdirs_config(tmp_path):
   with pytest.raises(ValueError, match="validation"):
     training.train_and_evaluate(bad, workdir)
   assert open(os.path.join(workdir, "config.json")).read() == before
+
+
+def test_a_resume_stopped_by_its_checkpoints_leaves_the_workdirs_config(tmp_path):
+  """config.json is replaced only once the checkpoints have passed too: a rerun
+  with a new num_steps whose checkpoint cannot be read stops and leaves the
+  config the checkpoints were trained with (it recorded the rerun's)."""
+  config = tiny_experiment(tmp_path / "tfds")
+  workdir = _trained_looking_workdir(tmp_path, config)  # Its checkpoint 3 is empty.
+  words = [f"w{i}" for i in range(64)]
+  tokenizer_lib.train([" ".join(words)] * 4, config.data.vocab_type,
+                      config.data.vocab_size).save(os.path.join(workdir, "spm.model"))
+  before = open(os.path.join(workdir, "config.json")).read()
+  rerun = tiny_experiment(tmp_path / "tfds", num_steps=60)
+  with pytest.raises(checkpoints.UnreadableCheckpointError):
+    training.train_and_evaluate(rerun, workdir)
+  assert open(os.path.join(workdir, "config.json")).read() == before
+
+
+def test_a_workdir_with_nothing_trained_takes_the_new_runs_config(tmp_path):
+  """A first run stopped before its vocabulary left config.json alone; a rerun
+  with another vocab_size trained the vocabulary, then stopped on a bad eval
+  split, and kept the first config.json, which then refused the corrected
+  command (data.vocab_size) and misrecorded the vocabulary. With nothing trained
+  in the workdir, the rerun's config.json replaces it at start."""
+  first = tiny_experiment(tmp_path / "tfds")
+  first.data.vocab_size = 40
+  workdir = str(tmp_path / "w")
+  os.makedirs(workdir)
+  training.save_config(first, workdir)  # What the first run left.
+  rerun = tiny_experiment(tmp_path / "tfds")
+  rerun.data.eval_split = "validation"  # SCAN has none: stops after the vocabulary.
+  with pytest.raises(ValueError, match="validation"):
+    training.train_and_evaluate(rerun, workdir)
+  assert os.path.exists(os.path.join(workdir, "spm.model"))
+  assert workdir_lib.load_config(workdir).data.vocab_size == rerun.data.vocab_size
+  workdir_lib.check_resume_config(workdir, tiny_experiment(tmp_path / "tfds"))  # Accepted.
 
 
 def test_resume_with_another_shape_stops_naming_the_fields(tmp_path, caplog):

@@ -278,10 +278,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
   distributed.maybe_initialize(config.distributed, stop_at_sync_points=True)
   with lock.hold(workdir, "train", primary=jax.process_index() == 0):
     workdir_lib.check_resume_config(workdir, config)  # Before config.json is replaced.
-    # A new workdir's config.json comes first: the vocabulary trained next depends
-    # on it. An existing one is replaced only once the data has passed its checks,
-    # so that a run stopped by a bad value leaves the workdir's config as it was.
-    if jax.process_index() == 0 and not os.path.exists(os.path.join(workdir, "config.json")):
+    # The config.json of a workdir that holds nothing trained yet (neither a
+    # vocabulary nor checkpoints) comes first: the vocabulary trained next depends
+    # on it. Another is replaced only once the data and the checkpoints have passed
+    # their checks, so that a run stopped by a bad value leaves it as it was.
+    if jax.process_index() == 0 and not workdir_lib.holds_training(workdir):
       save_config(config, workdir)
     return _train_and_evaluate(config, workdir)
 
@@ -295,8 +296,6 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   _check_model_axis(config, mesh)
   data = load_data(config, workdir, mesh)
   _check_eval_split(config, data.eval_examples)
-  if jax.process_index() == 0:
-    save_config(config, workdir)
   logging.info("Data: %s", json.dumps(data.stats))
   # Logged once the config, the workdir and the data have passed their checks, so
   # that a bad value stops the program with one line rather than after a page.
@@ -333,6 +332,8 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       logging.info("Resumed from step %d%s.", step,
                    f"; running its {' and '.join(owed)} that the stop skipped" if owed else "")
     start = int(state.step)
+    if jax.process_index() == 0:  # The checkpoints and the data position are this config's.
+      save_config(config, workdir)
     if start >= config.train.num_steps:
       logging.warning("The checkpoint is at step %d, train.num_steps=%d: nothing to train "
                       "(raise --config.train.num_steps to go on).", start,

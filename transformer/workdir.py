@@ -65,6 +65,12 @@ SCORE_FIELDS = ("train.decode_mode", "train.decode_examples", "data.eval_split",
 VOCABULARY_TEXT = ("data.dataset", "data.source_lang", "data.target_lang", "data.train_split")
 
 
+def holds_training(workdir: str) -> bool:
+  """Whether `workdir` holds what a config.json describes: a vocabulary or checkpoints."""
+  return (os.path.isfile(os.path.join(workdir, tokenizer_lib.MODEL_FILENAME))
+          or bool(checkpoints.complete_steps(os.path.join(workdir, CHECKPOINT_DIRS["latest"]))))
+
+
 def check_resume_config(workdir: str, config) -> None:
   """Stops a run on `workdir` whose `config` changes a field its vocabulary or
   checkpoints depend on (config.FIXED_ON_RESUME: shapes, vocabulary, data order),
