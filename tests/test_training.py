@@ -188,6 +188,25 @@ def test_axes_this_mesh_cannot_use_and_an_empty_eval_split_stop_before_training(
     training._check_eval_split(config, [])  # pylint: disable=protected-access
 
 
+def test_fsdp_that_splits_no_parameter_is_warned_of(caplog):
+  """train.fsdp on 3 data devices with a small model split nothing, without a word
+  (arrays under 2**14 values, or no axis 3 divides, stay whole)."""
+  from configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  config.train.fsdp = True
+  with caplog.at_level(logging.WARNING):
+    training._warn_of_idle_fsdp(config, 4, 16)  # pylint: disable=protected-access
+    training._warn_of_idle_fsdp(config, 1, 0)  # pylint: disable=protected-access
+    assert "train.fsdp" not in caplog.text
+    training._warn_of_idle_fsdp(config, 3, 0)  # pylint: disable=protected-access
+  assert ("train.fsdp is on, but no parameter is split over the data axis (3 devices)"
+          in caplog.text)
+  caplog.clear()
+  config.train.fsdp = False
+  training._warn_of_idle_fsdp(config, 3, 0)  # pylint: disable=protected-access
+  assert "train.fsdp" not in caplog.text
+
+
 def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
     tmp_path, data_dir, monkeypatch, caplog):
   """A SIGTERM during step 4, which evaluates and decodes, and one during step 9

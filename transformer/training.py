@@ -287,6 +287,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
     return _train_and_evaluate(config, workdir)
 
 
+def _warn_of_idle_fsdp(config, data_devices: int, split_arrays: int) -> None:
+  """train.fsdp that splits no parameter (none large enough, or none with an axis
+  the data size divides) would leave every parameter on every device silently."""
+  if config.train.fsdp and data_devices > 1 and not split_arrays:
+    logging.warning("train.fsdp is on, but no parameter is split over the data axis (%d "
+                    "devices): FSDP splits arrays of at least 2**14 values along an axis "
+                    "that size divides; every device holds every parameter.", data_devices)
+
+
 def _train_and_evaluate(config, workdir: str) -> dict:
   mesh = sharding.make_mesh(spec=config.train.mesh)
   logging.info("Devices: %d (%s) over %d host(s); mesh %s; compute dtype %s",
@@ -307,6 +316,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   logging.info("Parameters: %s in %d arrays, %d split over the data axis (FSDP), %d over the "
                "model axis", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}",
                len(specs), split(sharding.DATA_AXIS), split(sharding.MODEL_AXIS))
+  _warn_of_idle_fsdp(config, mesh.shape[sharding.DATA_AXIS], split(sharding.DATA_AXIS))
 
   checkpointer = best = progress = signals = None  # Closed at the end, as far as made.
   try:

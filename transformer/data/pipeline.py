@@ -94,7 +94,8 @@ def _rows_for(length, tokens_per_batch, batch_multiple, at_least_one_each=False)
     if at_least_one_each:
       return batch_multiple
     raise ValueError(f'tokens_per_batch={tokens_per_batch} is too small: a batch of padded '
-                     f'length {length} needs at least batch_multiple={batch_multiple} rows, '
+                     f'length {length} needs at least batch_multiple={batch_multiple} rows '
+                     '(the data-parallel devices times train.grad_accum_steps), '
                      f'i.e. tokens_per_batch >= {length * batch_multiple}')
   return rows
 
