@@ -151,8 +151,11 @@ def test_a_setting_that_drops_most_pairs_is_warned_of(tmp_path, caplog):
     data_lib.get_train_and_eval(config, workdir=str(tmp_path / 'w'), seed=0)
   assert ("Training drops 3 of the 100 pairs of split 'train' (3.0%) as longer than "
           "data.max_length=4 tokens (data.overlong='drop'); raise data.max_length") in caplog.text
+  # The eval split keeps them, cut: training's eval loss says so too (evaluate did).
+  assert ("3 of the 100 references of eval split 'train' are longer than data.max_length=4 "
+          "tokens: training's eval loss and perplexity score them cut there.") in caplog.text
   caplog.clear()
   config.max_length = 8
   with caplog.at_level(logging.WARNING):
     data_lib.get_train_and_eval(config, workdir=str(tmp_path / 'w2'), seed=0)
-  assert 'Training drops' not in caplog.text
+  assert 'Training drops' not in caplog.text and 'references of eval split' not in caplog.text

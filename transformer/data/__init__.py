@@ -106,6 +106,11 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
         f'{data_config.overlong!r}) and {train_stats["dropped_empty"]} have an empty side')
   _warn_of_drops(train_stats, data_config)
   eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split)
+  if eval_stats['truncated_targets']:  # As evaluate warns: eval/loss is not of whole references.
+    logging.warning('%d of the %d references of eval split %r are longer than '
+                    'data.max_length=%d tokens: training\'s eval loss and perplexity score '
+                    'them cut there.', eval_stats['truncated_targets'], len(eval_examples),
+                    data_config.eval_split, data_config.max_length)
   batches = TrainBatches(
       train_examples, tokens_per_batch=data_config.tokens_per_batch, seed=seed,
       batching=data_config.batching, max_length=data_config.max_length,
