@@ -126,6 +126,7 @@ def test_bad_model_values_name_the_field(field, value, message):
     ("distributed.initialization_timeout_s", -5), ("decode.concurrent_batches", 0),
     ("data.vocab_size", 4),  # The special ids alone.
     ("decode.refill", -1),
+    ("data.max_length", 1),  # One token plus EOS at least (it was named without its field).
 ])
 def test_bad_other_values_name_the_field(field, value):
   config = default.get_config()

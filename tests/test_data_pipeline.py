@@ -293,7 +293,7 @@ def test_pack_with_shorter_source_rows():
     for i, src, tgt in _rows(b):
       np.testing.assert_array_equal(src, EXAMPLES[i][0])
       np.testing.assert_array_equal(tgt, EXAMPLES[i][1])
-  with pytest.raises(ValueError, match=r'rows hold 30 and 48 \(pack_source_length'):
+  with pytest.raises(ValueError, match=r'packed rows hold 30 and 48 \(config.data.pack_source_length'):
     _make('pack', pack_source_length=30)
 
 

@@ -251,6 +251,7 @@ def check_config(config) -> None:
         "must be > 4: ids 0-3 are PAD, UNK, BOS and EOS, and the text needs pieces too")
   check(config.data.pack_source_length >= 0, "data.pack_source_length",
         "must be >= 0 (0 = pack_length)")
+  check(config.data.max_length >= 2, "data.max_length", "must be >= 2 (one token plus EOS)")
   # Batches are as wide as the longest bucket: max_length rounded up to 8.
   check(-(-config.data.max_length // 8) * 8 <= config.model.max_len, "data.max_length",
         f"rounded up to a multiple of 8 (the widest batch) must be <= "

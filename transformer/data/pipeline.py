@@ -179,8 +179,9 @@ class TrainBatches:
       if longest_target > pack_length or longest_source > self._source_pack_length:
         raise ValueError(
             f'an example has {longest_source} source and {longest_target} target tokens; '
-            f'rows hold {self._source_pack_length} and {pack_length} (pack_source_length, '
-            'pack_length): tokenize with max_length <= both')
+            f'packed rows hold {self._source_pack_length} and {pack_length} '
+            '(config.data.pack_source_length, config.data.pack_length): raise those, or '
+            'lower config.data.max_length to at most both')
       self._pack_length = pack_length
       # The longer row bounds each side's tokens by tokens_per_batch.
       self._rows = _rows_for(max(pack_length, self._source_pack_length), tokens_per_batch,
