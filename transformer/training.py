@@ -113,8 +113,8 @@ def eval_loss_sums(eval_fn, params, examples, config, mesh, totals=None):
   # Every host builds the same batches and places its own share of their rows.
   # In a multi-process job each batch ends before the next starts: the batches'
   # programs do not depend on each other, so a CPU client runs several at once,
-  # and one process's all-reduce of one batch then met another's of the next
-  # (2 processes of 2 CPU devices hung within ~15 batches, every time).
+  # and one process's all-reduce of one batch can meet another process's of the
+  # next, which hangs the job.
   one_at_a_time = jax.process_count() > 1
   for _, batch in data_lib.eval_batches(examples, config.data.tokens_per_batch,
                                         batch_multiple=sharding.row_multiple(mesh),
