@@ -284,6 +284,27 @@ def _free_name(path: str) -> str:
   return name
 
 
+def saved_metrics(directory: str, step: int):
+  """The metrics saved with `step` of `directory` (a best checkpoint's score),
+  read as Orbax reads them."""
+  return ocp.JsonCheckpointHandler(filename=_METRICS).restore(
+      epath.Path(directory) / str(step) / _METRICS)
+
+
+def metric_value(directory: str, step: int, metric: str) -> float:
+  """The saved value of `metric` at `step` (-inf where unreadable)."""
+  try:
+    return float(saved_metrics(directory, step)[metric])
+  except Exception:  # pylint: disable=broad-except
+    return float("-inf")
+
+
+def best_first(directory: str, steps, metric: str) -> list:
+  """`steps` of a best checkpoints' `directory`, the best value of `metric`
+  first (the later step first among equals): the order a restore tries them."""
+  return sorted(steps, key=lambda s: (metric_value(directory, s, metric), s), reverse=True)
+
+
 def barrier_options(directory: str):
   """Orbax's multi-process options for the checkpoints in `directory`: its
   barriers named after the directory (alike in every process), apart from
@@ -419,10 +440,7 @@ class Checkpointer:
 
   def _value(self, step):
     """The saved value of the best metric at `step` (-inf where unreadable)."""
-    try:
-      return float(self._read_metrics(step)[self._best_metric])
-    except Exception:  # pylint: disable=broad-except
-      return float("-inf")
+    return metric_value(self.directory, step, self._best_metric)
 
   def best_value(self, metric: str):
     """The best saved value of `metric` (None before the first save). Waits for
@@ -436,8 +454,7 @@ class Checkpointer:
 
   def _read_metrics(self, step):
     """The metrics saved with `step`, read as Orbax reads them."""
-    return ocp.JsonCheckpointHandler(filename=_METRICS).restore(
-        epath.Path(self.directory) / str(step) / _METRICS)
+    return saved_metrics(self.directory, step)
 
   def _set_aside_unreadable_metrics(self) -> None:
     """Sets aside (as unreadable) the best checkpoints whose metrics cannot be
@@ -495,7 +512,7 @@ class Checkpointer:
     if step is not None:
       candidates = [step]
     elif self._best_metric:  # The best first: a better result may sit at an earlier step.
-      candidates = sorted(self.steps(), key=lambda s: (self._value(s), s), reverse=True)
+      candidates = best_first(self.directory, self.steps(), self._best_metric)
     else:
       candidates = self.steps()[::-1]
     if step is not None and step not in self.steps():

@@ -28,7 +28,6 @@ from typing import Optional
 
 from absl import logging
 import jax
-import orbax.checkpoint as ocp
 
 from transformer import average_checkpoints, checkpoints, files, metrics as metrics_lib, summary
 from transformer import workdir as workdir_lib
@@ -137,16 +136,13 @@ def last_scalars(variant_dir: str, tags) -> dict:
 TABLE_FILES = ("results.md", "results.csv")  # Beside the variants' workdirs.
 REPLACEABLE = ("best", "averaged")  # Checkpoint names that a later save gives to another state.
 IDENTITY_KEY = "checkpoint_identity"  # evaluate's record of which one it scored.
-_METRICS_ITEM = ocp.checkpoint_manager.METRIC_ITEM_NAME  # <step>/metrics/metrics: a best's score.
 
 
 def _saved_metrics(directory: str, step: int) -> Optional[dict]:
   """The metrics saved with a best checkpoint (what made it best); None where unreadable."""
-  path = os.path.join(directory, str(step), _METRICS_ITEM, _METRICS_ITEM)
   try:
-    with open(path) as f:
-      value = json.load(f)
-  except (OSError, ValueError):
+    value = checkpoints.saved_metrics(directory, step)
+  except Exception:  # pylint: disable=broad-except  # Orbax's reader: any error is unreadable.
     return None
   return value if isinstance(value, dict) and value else None
 
@@ -180,19 +176,12 @@ def checkpoint_identity(workdir: str, checkpoint: str, metric: str,
       return None
     return {"step": averaged[-1], "averaged_steps": averaged}
   steps = checkpoints.complete_steps(directory)
-  saved = {s: _saved_metrics(directory, s) for s in steps}
-
-  def value(s):
-    try:
-      return float(saved[s][metric])
-    except (TypeError, KeyError, ValueError):
-      return float("-inf")
-
-  if step is None and steps:  # As Checkpointer.restore orders them: the best value first.
-    step = max(steps, key=lambda s: (value(s), s))
-  if saved.get(step) is None:
+  if step is None and steps:  # The one a restore tries first.
+    step = checkpoints.best_first(directory, steps, metric)[0]
+  saved = _saved_metrics(directory, step) if step in steps else None
+  if saved is None:
     return None
-  return {"step": step, "metrics": saved[step]}
+  return {"step": step, "metrics": saved}
 
 
 def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
