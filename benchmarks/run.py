@@ -324,6 +324,23 @@ def check_targets(results):
   return lines
 
 
+def out_of_memory(error):
+  """Whether `error` is PyTorch's or XLA's out-of-memory error."""
+  return (type(error).__name__ == "OutOfMemoryError"
+          or "RESOURCE_EXHAUSTED" in str(error) or "out of memory" in str(error))
+
+
+def out_of_memory_message(size, args, with_torch, error):
+  """What ran out, and what to change: both frameworks share one device's memory."""
+  first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  shared = (" JAX and PyTorch share the device in one process, and on a GPU each keeps the"
+            " memory it reached (JAX preallocates 75% unless XLA_PYTHON_CLIENT_PREALLOCATE="
+            "false): run with --no_torch --no_marian, or" if with_torch else " Run")
+  return (f"benchmarks.run: {size.name}: out of memory at --tokens_per_batch "
+          f"{args.tokens_per_batch or size.tokens_per_batch}.{shared} with a smaller "
+          f"--tokens_per_batch. ({type(error).__name__}: {first})")
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--sizes", default="small,base", help="comma-separated: smoke, small, base")
@@ -425,11 +442,15 @@ def main(argv=None):
     t0 = time.perf_counter()
     examples = (common.multi30k_examples(size, args.data_dir) if args.data_dir
                 else common.synthetic_examples(size))
-    results["sizes"][size.name] = bench_size(size, examples, peaks=peaks, use_torch=use_torch,
-                                             use_marian=use_marian,
-                                             max_extra_len=args.max_extra_len,
-                                             pack=args.pack, train=not args.decode_only,
-                                             epoch_mix=args.epoch_mix)
+    try:
+      results["sizes"][size.name] = bench_size(
+          size, examples, peaks=peaks, use_torch=use_torch, use_marian=use_marian,
+          max_extra_len=args.max_extra_len, pack=args.pack, train=not args.decode_only,
+          epoch_mix=args.epoch_mix)
+    except Exception as e:  # pylint: disable=broad-except
+      if not out_of_memory(e):
+        raise
+      raise SystemExit(out_of_memory_message(size, args, use_torch or use_marian, e)) from e
     print(f"[{size.name} done in {time.perf_counter() - t0:.0f} s]", flush=True)
   if args.malloc == "compare" and not args.decode_only:
     # The first (smallest) size; the smoke run's two glibc children keep CI short.

@@ -352,3 +352,27 @@ def test_gpu_check_stands_in_for_clu_s_tensorboard_writer_without_tensorflow(tmp
   assert out.returncode == 0, out.stderr[-2000:]
   assert "ok" in out.stdout and "loss=1.5" in out.stderr
   assert not list(tmp_path.iterdir())  # No TensorBoard files: summaries are dropped.
+
+
+def test_out_of_memory_in_a_size_names_the_batch_and_what_to_change(monkeypatch):
+  """On a GPU, PyTorch ran out of memory beside JAX's buffers at 100k-token
+  batches (session 33): the run stops with one message naming the size, the
+  batch and the flags to change, not a traceback from inside PyTorch."""
+  class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's name.
+    pass
+
+  def oom(size, *args, **kwargs):
+    raise OutOfMemoryError("CUDA out of memory. Tried to allocate 13.78 GiB.\nmore")
+
+  monkeypatch.setattr(run, "bench_size", oom)
+  with pytest.raises(SystemExit) as stop:
+    run.main(["--smoke", "--no_torch", "--no_marian", "--malloc", "skip",
+              "--tokens_per_batch", "512"])
+  assert str(stop.value) == (
+      "benchmarks.run: smoke: out of memory at --tokens_per_batch 512. Run with a smaller "
+      "--tokens_per_batch. (OutOfMemoryError: CUDA out of memory. Tried to allocate 13.78 GiB.)")
+  assert "share the device" in run.out_of_memory_message(
+      common.SIZES["base"], run.argparse.Namespace(tokens_per_batch=None), True,
+      RuntimeError("RESOURCE_EXHAUSTED: Out of memory"))
+  assert run.out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying"))
+  assert not run.out_of_memory(ValueError("a shape mismatch"))
