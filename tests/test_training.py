@@ -426,6 +426,28 @@ def test_resume_on_another_data_parallel_size_reads_the_same_batches(tmp_path, d
                              np.asarray(jax.tree.leaves(b.params)[0]), rtol=1e-5, atol=1e-6)
 
 
+def test_resume_with_more_gradient_accumulation_steps_goes_on_with_the_same_batches(
+    tmp_path, data_dir):
+  """A run that no longer fits in memory resumes with train.grad_accum_steps=2:
+  the packed batches keep their 8 rows, so it reads the uninterrupted run's
+  batches and makes its updates (no dropout: micro-batches draw other masks).
+  Where the rows differ, the pipeline refuses (test_data_pipeline)."""
+  def config(num_steps, k=1):
+    c = tiny_experiment(data_dir, num_steps=num_steps, eval_every=100, grad_accum_steps=k)
+    c.model.dropout = 0.0
+    c.optim.adam_eps = ADAM_EPS_NOTE
+    return c
+  straight, moved = str(tmp_path / "straight"), str(tmp_path / "moved")
+  training.train_and_evaluate(config(20), straight)
+  training.train_and_evaluate(config(10), moved)
+  training.train_and_evaluate(config(20, k=2), moved)
+  (a, data_a, step_a), (b, data_b, _) = (restore_params(moved, config(20)),
+                                         restore_params(straight, config(20)))
+  assert step_a == 20 and data_a == data_b
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
+
+
 # Orbax's own restore (no target) reads the shardings from the checkpoint, and says so.
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data_dir):

@@ -310,14 +310,17 @@ def check_model_axis(config, size: int, devices: str = "") -> None:
 # keep the workdir's values: a changed one would fail deep inside Orbax, or
 # silently read other batches than the run being continued. Every other field
 # (num_steps, the eval/decode/log/checkpoint cadence, decoding, the learning rate
-# scale, where the data lives) may change, and the change is logged.
+# scale, where the data lives) may change, and the change is logged. The mesh and
+# train.grad_accum_steps may change too: they set the rows of a batch (a multiple
+# of the data axis times the steps), and the data position, which records the
+# rows, refuses other rows mid-epoch itself (pipeline.TrainBatches.set_state).
 _PARAMETERS = "changes the parameters"
 VOCABULARY_REASON = "changes the vocabulary"
 _DATA_ORDER = "moves the data order the saved position points into"
 # Model fields that act at run time only; every other model field is fixed.
 RESUMABLE_MODEL_FIELDS = ("dropout", "attention_dropout", "attention_impl", "dtype")
 FIXED_ON_RESUME = {
-    "seed": _DATA_ORDER, "train.grad_accum_steps": _DATA_ORDER,
+    "seed": _DATA_ORDER,
     **{f"data.{name}": VOCABULARY_REASON for name in ("vocab_size", "vocab_type", "vocab_path")},
     **{f"data.{name}": _DATA_ORDER for name in (
         "dataset", "source_lang", "target_lang", "train_split", "max_length", "overlong",
