@@ -109,7 +109,7 @@ def test_a_word_vocabulary_too_small_for_the_text_is_warned_of(caplog):
     small = tok_lib.train(text, 'word', 6)
   assert small.vocab_size == 6
   assert ("vocab_size=6: the word vocabulary leaves 6 of the text's 8 distinct words out, "
-          "and they read as UNK (config.data.vocab_size=12 holds them all)") in caplog.text
+          "and they read as UNK (12 holds them all)") in caplog.text
   caplog.clear()
   with caplog.at_level('WARNING'):
     assert tok_lib.train(text, 'word', 12).vocab_size == 12
@@ -139,6 +139,11 @@ def test_bad_inputs(tmp_path):
     tok_lib.train(TEXTS, 'char-ish', 300)
   with pytest.raises(ValueError, match='vocab_size=60 is too small .* 256 byte pieces'):
     tok_lib.train(TEXTS, 'bpe', 60)
+  # Trained for a run, the size is named as the config field it came from.
+  with pytest.raises(ValueError, match=r'^config\.data\.vocab_size=60 is too small for a bpe '
+                     r'vocabulary of this text: .* 2\d\d pieces at least'):
+    tok_lib.load_or_train(_config(vocab_size=60), str(tmp_path / 'small'), TEXTS)
+  assert not (tmp_path / 'small').exists()
   with pytest.raises(FileNotFoundError, match='nope.model'):
     tok_lib.load_or_train(_config(vocab_path=str(tmp_path / 'nope.model')), str(tmp_path), [])
   # A model with SentencePiece's default ids (unk=0, no pad) is refused.

@@ -77,8 +77,10 @@ class Tokenizer:
     files.write_atomic(path, self.model_proto)
 
 
-def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed=TRAIN_SEED):
-  """Trains a SentencePiece model on `texts`; deterministic for the same inputs."""
+def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed=TRAIN_SEED,
+          field='vocab_size'):
+  """Trains a SentencePiece model on `texts`; deterministic for the same inputs.
+  `field` is what messages call the size (the config field it came from)."""
   if vocab_type not in VOCAB_TYPES:
     raise ValueError(f'vocab_type must be one of {VOCAB_TYPES}, got {vocab_type!r}')
   texts = [t for t in texts if t]
@@ -106,7 +108,7 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
       raise
     needed = re.search(r'\d+ vs (\d+)', str(e))
     raise ValueError(
-        f'vocab_size={vocab_size} is too small for a {vocab_type} vocabulary of this '
+        f'{field}={vocab_size} is too small for a {vocab_type} vocabulary of this '
         'text: it must hold the 256 byte pieces, the special ids and every character '
         f'of the text, {needed.group(1) if needed else "more"} pieces at least') from e
   tok = Tokenizer(proto.getvalue())
@@ -114,10 +116,9 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
     words = sorted({w for t in texts for w in t.split()})
     missing = sum(ids == [UNK_ID] for ids in tok.encode_batch(words))
     if missing:
-      logging.warning('vocab_size=%d: the word vocabulary leaves %d of the text\'s %d '
-                      'distinct words out, and they read as UNK (config.data.vocab_size=%d '
-                      'holds them all)', vocab_size, missing, len(words),
-                      tok.vocab_size + missing)
+      logging.warning('%s=%d: the word vocabulary leaves %d of the text\'s %d distinct '
+                      'words out, and they read as UNK (%d holds them all)', field,
+                      vocab_size, missing, len(words), tok.vocab_size + missing)
   return tok
 
 
@@ -132,7 +133,8 @@ def load_or_train(data_config, workdir, texts):
   path = os.path.join(workdir, MODEL_FILENAME)
   if os.path.exists(path):
     return Tokenizer.load(path)
-  tok = train(texts, data_config.vocab_type, data_config.vocab_size)
+  tok = train(texts, data_config.vocab_type, data_config.vocab_size,
+              field='config.data.vocab_size')
   os.makedirs(workdir, exist_ok=True)
   tok.save(path)
   return tok
