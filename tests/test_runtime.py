@@ -127,6 +127,28 @@ logging.info("our info")
   assert "read only=/ckpt" not in out.stderr and "said we" in out.stderr
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_jax_s_info_on_the_backends_it_tried_is_dropped(quiet):
+  """Without a TPU, JAX logs "Unable to initialize backend 'tpu': ... libtpu.so"
+  at INFO in every command (absl's log is at INFO for clu's metrics)."""
+  script = f"""
+from absl import logging
+from transformer import runtime
+logging.set_verbosity(logging.INFO)
+logging.use_absl_handler()
+if {quiet}:
+  runtime.quiet_library_logs()
+import jax
+jax.devices()
+logging.info("our info")
+"""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                       text=True, check=True, env=dict(env, TRANSFORMER_DEFAULT_MALLOC="1"))
+  assert "our info" in out.stderr
+  assert ("Unable to initialize backend" in out.stderr) is not quiet, out.stderr
+
+
 # What TensorFlow printed on stderr as it loaded (TFDS's data preparation and
 # reading, TensorBoard's event reader): absl's note before its first C++ log
 # line, oneDNN's note, cpu_feature_guard's, and any other C++ INFO line.

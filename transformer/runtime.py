@@ -153,12 +153,14 @@ def _not_library_info(record: logging.LogRecord) -> bool:
 
 def quiet_library_logs() -> None:
   """Drops Orbax's and TFDS's INFO records (a dozen lines per checkpoint) and
-  the warnings we expect (EXPECTED_LIBRARY_WARNINGS) from absl's log; their
-  other warnings and errors still pass."""
+  the warnings we expect (EXPECTED_LIBRARY_WARNINGS) from absl's log, and JAX's
+  INFO lines on the backends it tried ("Unable to initialize backend 'tpu'" on
+  every machine without one); their warnings and errors still pass."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   absl_logger = absl_logging.get_absl_logger()
   if _not_library_info not in absl_logger.filters:
     absl_logger.addFilter(_not_library_info)
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
 
 
 def first_line(error: Exception, limit: int = 200) -> str:
