@@ -2,6 +2,7 @@
 variants' workdirs (faked: config, status, checkpoints, scalars, evaluations),
 with blanks, notes and errors where a workdir holds no figure or a damaged one."""
 
+import csv
 import json
 import logging
 import os
@@ -214,14 +215,15 @@ def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path
     csv_lines = f.read().splitlines()
   assert csv_lines[0] == ("variant,changes,parameters,steps,wall_seconds,dev_perplexity,"
                           "dev_bleu_training,dev_bleu_greedy,dev_bleu_beam,test_bleu_greedy,"
-                          "test_bleu_beam,status,error,note")
+                          "test_bleu_beam,status,parameters_at_vocab_size,error,note")
   assert csv_lines[1:] == [
-      f"base,,{base_params.replace(',', '')},300,3725.5,4.5,20.5,21.25,22.0,,23.5,finished,,",
-      f"A-h1,model.num_heads=1,{h1_params.replace(',', '')},100,59.0,,,,,,,failed,"
+      f"base,,{base_params.replace(',', '')},300,3725.5,4.5,20.5,21.25,22.0,,23.5,finished,"
+      "True,,",
+      f"A-h1,model.num_heads=1,{h1_params.replace(',', '')},100,59.0,,,,,,,failed,True,"
       "train.py exited with status 1: FloatingPointError: nan | stop,",
-      "A-h2,model.num_heads=2,,,,,,,,,,not run,,",
-      f"D-ls0,train.label_smoothing=0.0,{base_params.replace(',', '')},200,,6.0,,,,,,,,",
-      "score-bogus,model.attention_scoring=dot,,,,,,,,,,invalid,"
+      "A-h2,model.num_heads=2,,,,,,,,,,not run,,,",
+      f"D-ls0,train.label_smoothing=0.0,{base_params.replace(',', '')},200,,6.0,,,,,,,True,,",
+      "score-bogus,model.attention_scoring=dot,,,,,,,,,,invalid,,"
       f"config.model.attention_scoring: unknown field (not in {MULTI30K}),"]
 
 
@@ -405,6 +407,9 @@ def test_collect_names_the_rows_whose_params_are_counted_at_data_vocab_size(tmp_
   markdown = results.collect(sweep, workdir)
   assert ("params of ls0: at data.vocab_size (no trained vocabulary in the workdir); the "
           "others' at their trained vocabulary's size.") in markdown.split("\n\n")
+  with open(os.path.join(workdir, "results.csv")) as f:
+    table = {row["variant"]: row for row in csv.DictReader(f)}
+  assert [table[v]["parameters_at_vocab_size"] for v in ("base", "ls0")] == ["False", "True"]
   os.remove(os.path.join(workdir, "base", "spm.model"))
   markdown = results.collect(sweep, workdir)
   assert ("params: at data.vocab_size (no workdir holds its trained vocabulary)."

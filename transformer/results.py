@@ -292,7 +292,9 @@ def columns(metric: str) -> list:
 def to_csv(rows, metric: str) -> str:
   out = io.StringIO()
   writer = csv.writer(out, lineterminator="\n")
-  names = [c[0] for c in columns(metric)] + ["error", "note"]
+  # parameters_at_vocab_size: the markdown's params note, a column here (the
+  # count is at data.vocab_size: the workdir holds no trained vocabulary).
+  names = [c[0] for c in columns(metric)] + ["parameters_at_vocab_size", "error", "note"]
   writer.writerow(names)
   for row in rows:
     writer.writerow(["" if row.get(n) is None else row[n] for n in names])
