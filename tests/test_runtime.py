@@ -97,6 +97,24 @@ def test_a_missing_tcmalloc_path_stops_the_command_with_its_name(command):
   assert "Traceback" not in out.stderr
 
 
+def test_no_restart_where_jax_computes_on_a_gpu_or_tpu():
+  """The allocator is for XLA's CPU buffers: on a GPU (session 32's H200) every
+  command restarted for nothing."""
+  assert run(JAX_PLATFORMS="cuda")["GLIBC_TUNABLES"] is None
+  assert run(JAX_PLATFORMS="cpu")["GLIBC_TUNABLES"] == runtime.TUNABLE
+  expected = runtime.accelerator_expected
+  nothing = dict(exists=lambda path: False, find_spec=lambda name: None)
+  assert expected({"JAX_PLATFORMS": "cuda,cpu"}, **nothing)
+  assert not expected({"JAX_PLATFORMS": "cpu"}, exists=lambda path: True,
+                      find_spec=lambda name: object())
+  assert not expected({}, **nothing)
+  cuda13 = lambda name: object() if name == "jax_cuda13_plugin" else None
+  assert expected({}, exists=lambda path: path == "/dev/nvidiactl", find_spec=cuda13)
+  assert not expected({}, exists=lambda path: False, find_spec=cuda13)  # No driver.
+  assert expected({}, exists=lambda path: path == "/dev/accel0",
+                  find_spec=lambda name: object() if name == "libtpu" else None)
+
+
 def test_opt_out():
   assert run(TRANSFORMER_DEFAULT_MALLOC="1") == {
       "GLIBC_TUNABLES": None, "LD_PRELOAD": None, "TCMALLOC_RELEASE_RATE": None}

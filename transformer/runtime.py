@@ -43,6 +43,7 @@ the environment is kept.
 
 import contextlib
 import ctypes.util
+import importlib.util
 import logging
 import os
 import sys
@@ -99,8 +100,34 @@ def fast_malloc_env(environ):
   return env
 
 
+# Where JAX finds a GPU: its CUDA plugin (the package's name, then the module
+# JAX loads), and the NVIDIA driver's control device; a TPU: libtpu and its device.
+GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_plugins.xla_cuda12",
+               "jax_plugins.xla_cuda13")
+
+
+def accelerator_expected(environ=os.environ, exists=os.path.exists,
+                         find_spec=importlib.util.find_spec) -> bool:
+  """Whether JAX will compute on a GPU or TPU, judged before it starts:
+  JAX_PLATFORMS's first platform where it is set, else an installed plugin
+  beside its device."""
+  platforms = [p.strip() for p in environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+  if platforms:
+    return platforms[0] != "cpu"
+
+  def installed(name):
+    try:
+      return find_spec(name) is not None
+    except (ImportError, ValueError):  # A parent package that is not there.
+      return False
+  return ((exists("/dev/nvidiactl") and any(installed(m) for m in GPU_PLUGINS))
+          or (installed("libtpu") and (exists("/dev/accel0") or exists("/dev/vfio/0"))))
+
+
 def use_fast_malloc() -> None:
-  """Re-executes this command with fast_malloc_env (Linux only, at most once)."""
+  """Re-executes this command with fast_malloc_env (Linux only, at most once),
+  unless JAX will compute on a GPU or TPU: the allocator is for XLA's CPU
+  programs' buffers, and elsewhere the restart would only cost its time."""
   restarted = os.environ.get(RESTARTED_ENV)
   if restarted:
     sys.stderr.write(f"[transformer] restarted once with {restarted} (a faster allocator "
@@ -108,7 +135,7 @@ def use_fast_malloc() -> None:
     return
   current = os.environ.get("GLIBC_TUNABLES", "")
   if (not sys.platform.startswith("linux") or "glibc.malloc.hugetlb" in current
-      or os.environ.get("TRANSFORMER_DEFAULT_MALLOC")):
+      or os.environ.get("TRANSFORMER_DEFAULT_MALLOC") or accelerator_expected()):
     return
   try:
     env = fast_malloc_env(os.environ)
