@@ -111,6 +111,15 @@ def test_carriage_return_line_ends_are_named(tmp_path):
   _write(tmp_path / 'train.de', 'ein Hund\rzwei Katzen\r')
   with pytest.raises(ValueError, match=r'train\.en:1: lines end in a carriage return'):
     parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')
+  # With a final LF (as editors add) the file was one line, read without a word:
+  # a line of two or more CRs, or a file's only line with one, is refused too.
+  for en, de in (('a dog\rtwo cats\rthree\n', 'ein Hund\rzwei Katzen\rdrei\n'),
+                 ('a dog\rtwo cats\n', 'ein Hund\rzwei Katzen\n'),
+                 ('a dog\nthe cat\rtwo cats\rthree\n', 'ein Hund\nx\ny\nz\n')):
+    _write(tmp_path / 'train.en', en)
+    _write(tmp_path / 'train.de', de)
+    with pytest.raises(ValueError, match=r'train\.en:\d: lines end in a carriage return'):
+      parallel_text.load_split(str(tmp_path), 'train', 'en', 'de')
   # A stray CR inside a line of an LF file stays part of the line.
   _write(tmp_path / 'train.en', 'a dog\rbarks\ntwo cats\n')
   _write(tmp_path / 'train.de', 'ein Hund\nzwei Katzen\n')

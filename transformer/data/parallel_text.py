@@ -28,13 +28,30 @@ def find_file(text_dir, split, lang):
 def split_lines(stream, name):
   """Yields (1-based line number, raw bytes without the line end) of a binary
   stream, lines ending in LF or CRLF; ValueError, naming `name`, for CR alone
-  (old Mac line ends), with which the whole file would read as one line."""
+  (old Mac line ends), with which the whole file would read as one line. That
+  shows as CRs inside a line that is the file's last without an LF, or its only
+  one, or that holds two or more; a single stray CR inside a line of an LF file
+  stays part of the line."""
+  held = None  # A first line with a CR: refused if it is the file's only one.
   for n, raw in enumerate(stream, start=1):
     line = raw.rstrip(b'\r\n')
-    if b'\r' in line and not raw.endswith(b'\n'):
-      raise ValueError(f'{name}:{n}: lines end in a carriage return (CR) alone; they '
-                       'must end in LF or CRLF')
-    yield n, line
+    crs = line.count(b'\r')
+    if crs > 1 or (crs and not raw.endswith(b'\n')):
+      raise _cr_error(name, n)
+    if held:
+      yield held
+      held = None
+    if crs and n == 1:
+      held = (n, line)
+    else:
+      yield n, line
+  if held:
+    raise _cr_error(name, 1)
+
+
+def _cr_error(name, n):
+  return ValueError(f'{name}:{n}: lines end in a carriage return (CR) alone; they must '
+                    'end in LF or CRLF')
 
 
 def _lines(path):
