@@ -469,6 +469,35 @@ def test_an_evaluation_of_an_average_since_replaced_is_not_collected(workdir, tm
   assert collected() is None
 
 
+def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_path):
+  """Training records its vocabulary's SHA-256 and size (vocabulary.json). A
+  spm.model replaced by another of as many pieces restored without a word, and
+  every id meant another piece; one of another size failed in Orbax as a damaged
+  checkpoint. Both now stop evaluate (and a resume) naming the vocabulary."""
+  from transformer.data import tokenizer as tokenizer_lib
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  config = workdir_lib.load_config(copy)
+  original = workdir_lib.load_tokenizer(copy, config)
+  record = json.loads(open(os.path.join(copy, workdir_lib.VOCABULARY_RECORD)).read())
+  assert record["pieces"] == original.vocab_size
+  words = [f"w{i}" for i in range(100)]
+  for size, other_bytes in ((original.vocab_size, ", and other bytes"), (40, "")):
+    tokenizer_lib.train([" ".join(words)], "word", size).save(os.path.join(copy, "spm.model"))
+    message = (rf"vocabulary .*spm.model is not the one .*run's checkpoints were trained with "
+               rf"\({size} pieces, against {original.vocab_size} then{other_bytes}; "
+               r"vocabulary.json records it\): put the original back")
+    with pytest.raises(workdir_lib.ConfigMismatchError, match=message):
+      evaluate.run(copy, split="test[:5]", mode="greedy")
+    with pytest.raises(workdir_lib.ConfigMismatchError, match=message):
+      workdir_lib.check_resume_config(copy, config)
+  shutil.copy(os.path.join(workdir, "spm.model"), os.path.join(copy, "spm.model"))
+  workdir_lib.check_resume_config(copy, config)  # The original passes.
+  open(os.path.join(copy, workdir_lib.VOCABULARY_RECORD), "w").write("{")
+  with pytest.raises(ValueError, match=r"vocabulary.json is damaged .* delete it to go on"):
+    evaluate.run(copy, split="test[:5]", mode="greedy")
+
+
 def test_unknown_or_absent_checkpoint_is_named(workdir):
   with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
     evaluate.run(workdir, checkpoint="newest")

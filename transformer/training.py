@@ -344,6 +344,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     start = int(state.step)
     if jax.process_index() == 0:  # The checkpoints and the data position are this config's.
       save_config(config, workdir)
+      workdir_lib.record_vocabulary(workdir, config, data.tokenizer)
     if start >= config.train.num_steps:
       logging.warning("The checkpoint is at step %d, train.num_steps=%d: nothing to train "
                       "(raise --config.train.num_steps to go on).", start,

@@ -9,6 +9,7 @@ best validation score, see training) or 'averaged' (average_checkpoints).
 import contextlib
 import dataclasses
 import glob
+import hashlib
 import json
 import os
 from typing import Any
@@ -93,6 +94,8 @@ def check_resume_config(workdir: str, config) -> None:
         f"workdir {workdir} holds checkpoints but not the vocabulary they were trained with "
         f"({vocabulary}): put it back, or use a new --workdir (a new one would give other "
         "ids to the pieces)")
+  if has_checkpoints:
+    check_vocabulary(workdir, config)
   if not (has_checkpoints or has_vocabulary) or not has_config:
     return
   saved = load_config(workdir).to_dict()
@@ -139,11 +142,57 @@ def command(name: str, workdir: str):
     yield
 
 
+def vocabulary_path(workdir: str, config) -> str:
+  return config.data.get("vocab_path") or os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
+
+
 def load_tokenizer(workdir: str, config) -> tokenizer_lib.Tokenizer:
-  path = config.data.get("vocab_path") or os.path.join(workdir, "spm.model")
+  path = vocabulary_path(workdir, config)
   if not os.path.exists(path):
     raise FileNotFoundError(f"vocabulary {path} not found (training writes it)")
   return tokenizer_lib.Tokenizer.load(path)
+
+
+# The vocabulary a workdir's checkpoints were trained with: its SHA-256 and
+# piece count, recorded by training. Another file in its place (rebuilt, copied
+# from another run, a vocab_path whose file changed) restores without an error
+# where it has as many pieces, and every id then means another piece.
+VOCABULARY_RECORD = "vocabulary.json"
+
+
+def _sha256(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def record_vocabulary(workdir: str, config, tokenizer) -> None:
+  files.write_atomic(os.path.join(workdir, VOCABULARY_RECORD), json.dumps(
+      {"sha256": _sha256(vocabulary_path(workdir, config)), "pieces": tokenizer.vocab_size}))
+
+
+def check_vocabulary(workdir: str, config) -> None:
+  """ConfigMismatchError where the workdir's vocabulary is not the file its
+  checkpoints were trained with (VOCABULARY_RECORD); workdirs from before the
+  record pass unchecked."""
+  record_path = os.path.join(workdir, VOCABULARY_RECORD)
+  path = vocabulary_path(workdir, config)
+  if not (os.path.exists(record_path) and os.path.exists(path)):
+    return
+  try:
+    with open(record_path) as f:
+      record = json.load(f)
+    sha, pieces = record["sha256"], int(record["pieces"])
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{record_path} is damaged ({e}): it records the vocabulary "
+                     f"{workdir}'s checkpoints were trained with; delete it to go on "
+                     "unchecked") from e
+  if _sha256(path) != sha:
+    now = tokenizer_lib.Tokenizer.load(path).vocab_size
+    raise ConfigMismatchError(
+        f"vocabulary {path} is not the one {workdir}'s checkpoints were trained with "
+        f"({now} pieces, against {pieces} then" + (", and other bytes" if now == pieces else "")
+        + f"; {VOCABULARY_RECORD} records it): put the original back, or use a new "
+        "--workdir (another vocabulary gives other ids to the pieces)")
 
 
 def checkpoint_location(workdir: str, checkpoint: str = "latest"):
@@ -193,6 +242,7 @@ class Opened:
 def open_workdir(workdir: str, mesh=None) -> Opened:
   files.check_local(workdir)
   config = load_config(workdir)
+  check_vocabulary(workdir, config)
   tokenizer = load_tokenizer(workdir, config)
   mesh = mesh or sharding.mesh_for_reading(config.train.get("mesh", sharding.DEFAULT_MESH))
   return Opened(workdir, config, tokenizer,
