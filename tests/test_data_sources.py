@@ -1,5 +1,7 @@
 """Registered TFDS translation datasets: direction by language code, never downloaded."""
 import contextlib
+import os
+import re
 
 import ml_collections
 import pytest
@@ -52,7 +54,8 @@ def test_an_empty_tfds_data_dir_is_tfds_default_not_the_current_directory(monkey
   current directory and prepared SCAN there."""
   seen = []
   monkeypatch.setattr(sources, '_iter_scan',
-                      lambda config, split, data_dir, chunk: seen.append(data_dir) or iter(()))
+                      lambda config, split, data_dir, chunk, field=None: seen.append(data_dir)
+                      or iter(()))
   monkeypatch.setattr(tfds, 'builder', lambda name, data_dir: seen.append(data_dir) or 1 / 0)
   for dataset in ('scan/simple', NAME):
     config = _config('')
@@ -67,3 +70,81 @@ def test_unknown_dataset_name(tmp_path):
     sources.load_pairs(ml_collections.ConfigDict({
         'dataset': 'no_such_corpus/x', 'tfds_data_dir': str(tmp_path),
         'source_lang': 'en', 'target_lang': 'de'}), 'train')
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  """The data dir of a prepared TFDS dataset that TFDS does not register, 'mywmt/de-en'
+  (as `tfds build` of one's own dataset leaves it): read from its files alone."""
+  data_dir = tmp_path_factory.mktemp('tfds')
+  def split(n):
+    return tf.data.Dataset.from_tensor_slices({'de': [f'ein Satz {i}' for i in range(n)],
+                                               'en': [f'a sentence {i}' for i in range(n)]})
+  tfds.dataset_builders.TfDataBuilder(
+      name='mywmt', config='de-en', version='1.0.0', data_dir=str(data_dir),
+      split_datasets={'train': split(6), 'validation': split(2)},
+      features=tfds.features.FeaturesDict({'de': tfds.features.Text(),
+                                           'en': tfds.features.Text()})).download_and_prepare()
+  return str(data_dir)
+
+
+def _run_config(data_dir, **overrides):
+  config = _config(data_dir)
+  config.update({'dataset': 'mywmt/de-en', 'train_split': 'train', 'eval_split': 'validation',
+                 'max_length': 16, 'overlong': 'drop', 'vocab_path': None, 'vocab_type': 'word',
+                 'vocab_size': 40, 'tokens_per_batch': 64, 'batching': 'bucket'})
+  config.update(overrides)
+  return config
+
+
+def test_a_tfds_split_that_does_not_resolve_names_its_field(prepared, tmp_path):
+  """'split 'training' of mywmt: Unknown split ...' named no config field; and an
+  eval split that does not resolve failed only after spm.model was saved."""
+  from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'w'
+  for field in ('train_split', 'eval_split'):
+    with pytest.raises(ValueError, match=re.escape(
+        "split 'valid' of mywmt: Unknown split 'valid'. Should be one of ['train', "
+        f"'validation'] (config.data.{field})")):
+      data_lib.get_train_and_eval(_run_config(prepared, **{field: 'valid'}),
+                                  workdir=str(workdir), seed=0)
+    assert not workdir.exists()  # No vocabulary of a run that never started.
+  with pytest.raises(ValueError, match=re.escape(
+      "split 'validation[1:1]' of mywmt selects no examples (config.data.eval_split)")):
+    data_lib.get_train_and_eval(_run_config(prepared, eval_split='validation[1:1]'),
+                                workdir=str(workdir), seed=0)
+  assert not workdir.exists()
+  data = data_lib.get_train_and_eval(_run_config(prepared), workdir=str(workdir), seed=0)
+  assert data.eval_pairs == [('a sentence 0', 'ein Satz 0'), ('a sentence 1', 'ein Satz 1')]
+  assert os.listdir(workdir) == ['spm.model']
+  # Without a field (evaluate's --split), the message is TFDS's alone.
+  with pytest.raises(ValueError, match=r"Should be one of \['train', 'validation'\]$"):
+    sources.load_pairs(_run_config(prepared), 'dev')
+
+
+def test_a_tfds_dataset_not_found_says_why_and_names_the_fields(prepared, tmp_path):
+  """'unknown dataset ...' for a data dir that does not exist and for a config not
+  prepared alike, naming neither the data dir nor why; and TFDS's own text for a
+  registered dataset's unknown config ended in 'closely match: ' and nothing."""
+  missing = tmp_path / 'nonexistent'
+  for config, said in (
+      (_run_config(str(missing)), f"unknown dataset 'mywmt/de-en' (config.data.dataset): TFDS "
+       f"registers no such dataset, and config.data.tfds_data_dir={missing} does not exist"),
+      (_run_config(prepared, dataset='mywmt/fr-en'), "dataset 'mywmt/fr-en' "
+       f"(config.data.dataset): {os.path.join(prepared, 'mywmt')} has no config 'fr-en'; it "
+       'has de-en'),
+      (_run_config(prepared, dataset='mywmt/de-en:2.0.0'), "dataset 'mywmt/de-en:2.0.0' "
+       f'(config.data.dataset) cannot be read from config.data.tfds_data_dir={prepared}: No '
+       'version matching the requested 2.0.0 was found'),
+      (_run_config(str(tmp_path), dataset='wmt14_translate/xx-en'), "dataset "
+       "'wmt14_translate/xx-en' (config.data.dataset): TFDS's wmt14_translate has no config "
+       "'xx-en'; it has cs-en, de-en, fr-en, hi-en, ru-en")):
+    with pytest.raises(ValueError) as e:
+      sources.load_pairs(config, 'train')
+    assert str(e.value).startswith(said), str(e.value)
+    assert '\n' not in str(e.value)
+  with pytest.raises(ValueError, match=r"^unknown dataset 'no_such_corpus/x' "
+                     r'\(config\.data\.dataset\): TFDS registers no such dataset, and '
+                     rf'config\.data\.tfds_data_dir={re.escape(prepared)} holds no '
+                     'no_such_corpus; use scan/simple'):
+    sources.load_pairs(_run_config(prepared, dataset='no_such_corpus/x'), 'train')

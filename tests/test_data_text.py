@@ -3,6 +3,7 @@ import gzip
 import logging
 import os
 import pathlib
+import re
 
 import ml_collections
 import pytest
@@ -168,3 +169,76 @@ def test_a_setting_that_drops_most_pairs_is_warned_of(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
     data_lib.get_train_and_eval(config, workdir=str(tmp_path / 'w2'), seed=0)
   assert 'Training drops' not in caplog.text and 'references of eval split' not in caplog.text
+
+
+def _text_config(text_dir, **overrides):
+  config = ml_collections.ConfigDict({
+      'dataset': 'parallel_text', 'text_dir': str(text_dir), 'source_lang': 'en',
+      'target_lang': 'de', 'train_split': 'train', 'eval_split': 'val', 'max_length': 16,
+      'overlong': 'drop', 'vocab_path': None, 'vocab_type': 'word', 'vocab_size': 40,
+      'tokens_per_batch': 64, 'batching': 'bucket'})
+  config.update(overrides)
+  return config
+
+
+def test_an_empty_training_split_names_split_directory_and_field(tmp_path):
+  """Empty train files reached the vocabulary first: 'no text to train the
+  vocabulary on', naming no split, directory or field."""
+  from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
+  _write(tmp_path / 'train.en', '')
+  _write(tmp_path / 'train.de', '', gz=True)
+  _write(tmp_path / 'val.en', 'a dog\n')
+  _write(tmp_path / 'val.de', 'ein Hund\n')
+  with pytest.raises(ValueError, match=re.escape(
+      f"no training examples in split 'train' of parallel_text ({tmp_path}): the split is "
+      "empty (config.data.train_split)")):
+    data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(tmp_path / 'w'), seed=0)
+  assert not (tmp_path / 'w').exists()
+
+
+def test_an_eval_split_that_is_not_there_stops_before_the_vocabulary(tmp_path):
+  """`--config.data.eval_split=valid` (or no val files) failed only after
+  spm.model was trained and saved: the workdir kept the vocabulary of a run that
+  never started. The eval split is now found first."""
+  from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
+  _write(tmp_path / 'train.en', 'a dog\ntwo cats\n')
+  _write(tmp_path / 'train.de', 'ein Hund\nzwei Katzen\n')
+  workdir = tmp_path / 'w'
+  for split in ('valid', 'val'):  # A typo; a split without files.
+    with pytest.raises(FileNotFoundError, match=re.escape(
+        f"no text file for split {split!r}, language 'en': tried {tmp_path / split}.en and "
+        f"{tmp_path / split}.en.gz; {tmp_path} has split 'train' in 'en' "
+        "(config.data.eval_split)")):
+      data_lib.get_train_and_eval(_text_config(tmp_path, eval_split=split),
+                                  workdir=str(workdir), seed=0)
+    assert not workdir.exists()
+  # The split there in one language only: the other language is the one misnamed.
+  _write(tmp_path / 'val.en', 'a dog\n')
+  _write(tmp_path / 'val.fr', 'un chien\n')
+  with pytest.raises(FileNotFoundError, match=r"split 'val', language 'de': .* "
+                     r"\(config\.data\.target_lang\)$"):
+    data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(workdir), seed=0)
+  assert not workdir.exists()
+  _write(tmp_path / 'val.de', 'ein Hund\n')
+  data = data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(workdir), seed=0)
+  assert data.eval_pairs == [('a dog', 'ein Hund')]
+  assert os.listdir(workdir) == ['spm.model']
+
+
+def test_a_sliced_text_split_says_slices_are_tfds_only(tmp_path):
+  """`evaluate --split 'val[:5]'` on text files said 'no text file for split
+  'val[:5]''; a slice is TFDS's, and evaluate's --limit reads the first N."""
+  _write(tmp_path / 'val.en', 'a\nb\n')
+  _write(tmp_path / 'val.de', 'A\nB\n')
+  config = _text_config(tmp_path)
+  with pytest.raises(ValueError, match=re.escape(
+      "split 'val[:5]' of parallel_text has a slice, and slices are for TFDS datasets only: "
+      f"a parallel_text split is a file name ({tmp_path}/{{split}}.{{lang}}); to evaluate its "
+      "first N examples, give evaluate --limit N")):
+    sources.load_pairs(config, 'val[:5]')
+  with pytest.raises(ValueError, match=r'evaluate --limit N \(config\.data\.eval_split\)$'):
+    sources.check_split(config, 'val[:1]', field='config.data.eval_split')
+  # A missing text_dir is named as such (the field, too).
+  with pytest.raises(FileNotFoundError, match=r"no text file for split 'val'.* "
+                     r"\(config\.data\.text_dir: .*nowhere does not exist\)$"):
+    sources.load_pairs(_text_config(tmp_path / 'nowhere'), 'val')

@@ -38,27 +38,29 @@ class Data(typing.NamedTuple):
   stats: dict
 
 
-def get_eval(data_config, tokenizer, split):
+def get_eval(data_config, tokenizer, split, field=None):
   """(examples, raw pairs aligned with them, stats) of an evaluation split (e.g. test_split).
 
   Overlong examples are truncated, not dropped, so the set stays whole
   (stats['truncated'] counts them, stats['truncated_sources'] and
   stats['truncated_targets'] those whose source, whose target was cut); an empty
-  side is kept as EOS alone.
+  side is kept as EOS alone. `field` is what errors call the split (e.g.
+  'config.data.test_split').
   """
   examples, pairs, stats = [], [], collections.Counter()
-  for chunk_examples, chunk_pairs, chunk_stats in iter_eval(data_config, tokenizer, split):
+  for chunk_examples, chunk_pairs, chunk_stats in iter_eval(data_config, tokenizer, split,
+                                                            field=field):
     examples += chunk_examples
     pairs += chunk_pairs
     stats.update(chunk_stats)
   return examples, pairs, {k: stats[k] for k in pipeline.STATS}
 
 
-def iter_eval(data_config, tokenizer, split, chunk=sources.CHUNK, limit=None):
+def iter_eval(data_config, tokenizer, split, chunk=sources.CHUNK, limit=None, field=None):
   """get_eval a chunk of `chunk` pairs at a time, for the first `limit` examples
-  (all if None): yields (examples, pairs, stats) of each chunk."""
+  (all if None): yields (examples, pairs, stats) of each chunk. `field` as in get_eval."""
   left = limit
-  for pairs in sources.iter_pairs(data_config, split, chunk):
+  for pairs in sources.iter_pairs(data_config, split, chunk, field=field):
     if left is not None:  # Every pair is kept: the stats count those scored.
       pairs = pairs[:left]
       left -= len(pairs)
@@ -92,8 +94,16 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
   """Loads train and eval splits, gets the tokenizer (load_or_train), builds the train iterator.
 
   The tokenizer is trained on the train split only; eval data as in `get_eval`.
+  Both splits are found before a vocabulary is trained and saved to the workdir,
+  so that a run that cannot start leaves no vocabulary behind.
   """
-  train_pairs = sources.load_pairs(data_config, data_config.train_split)
+  train_pairs = sources.load_pairs(data_config, data_config.train_split,
+                                   field='config.data.train_split')
+  if not train_pairs:  # Else the vocabulary's "no text to train on" would name no split.
+    raise ValueError(f'no training examples in split {data_config.train_split!r} of '
+                     f'{sources.describe(data_config)}: the split is empty '
+                     '(config.data.train_split)')
+  sources.check_split(data_config, data_config.eval_split, field='config.data.eval_split')
   tok = tokenizer_lib.load_or_train(
       data_config, workdir, (text for pair in train_pairs for text in pair))
   train_examples, train_stats = tokenize_pairs(
@@ -105,7 +115,8 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
         f'than data.max_length={data_config.max_length} tokens (data.overlong='
         f'{data_config.overlong!r}) and {train_stats["dropped_empty"]} have an empty side')
   _warn_of_drops(train_stats, data_config)
-  eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split)
+  eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split,
+                                                   field='config.data.eval_split')
   if eval_stats['truncated_targets']:  # As evaluate warns: eval/loss is not of whole references.
     logging.warning('%d of the %d references of eval split %r are longer than '
                     'data.max_length=%d tokens: training\'s eval loss and perplexity score '
