@@ -158,3 +158,14 @@ def test_bad_inputs(tmp_path):
   truncated.write_bytes(tok_lib.train(TEXTS, 'bpe', 300).model_proto[:500])
   with pytest.raises(ValueError, match='truncated.model is not a SentencePiece model'):
     tok_lib.Tokenizer.load(str(truncated))
+
+
+def test_a_missing_vocab_path_names_the_field(tmp_path):
+  """open()'s '[Errno 2] No such file or directory' named the file, not the field
+  it came from; nothing is trained or written in its place."""
+  missing = tmp_path / 'nope.model'
+  for path in (missing, tmp_path):  # No file there; a directory.
+    with pytest.raises(FileNotFoundError, match=rf'^vocabulary {path} not found '
+                       r'\(config\.data\.vocab_path\)$'):
+      tok_lib.load_or_train(_config(vocab_path=str(path)), str(tmp_path / 'w'), TEXTS)
+  assert not (tmp_path / 'w').exists()

@@ -129,7 +129,13 @@ def load_or_train(data_config, workdir, texts):
   consumed when training; the trained model is saved to `{workdir}/spm.model`.
   """
   if data_config.vocab_path:
-    return Tokenizer.load(data_config.vocab_path)
+    path = data_config.vocab_path
+    if not os.path.isfile(path):  # open()'s error would name the path, not the field.
+      raise FileNotFoundError(f'vocabulary {path} not found (config.data.vocab_path)')
+    try:
+      return Tokenizer.load(path)
+    except ValueError as e:
+      raise ValueError(f'{e} (config.data.vocab_path)') from e
   path = os.path.join(workdir, MODEL_FILENAME)
   if os.path.exists(path):
     return Tokenizer.load(path)
