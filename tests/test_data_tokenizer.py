@@ -169,3 +169,18 @@ def test_a_missing_vocab_path_names_the_field(tmp_path):
                        r'\(config\.data\.vocab_path\)$'):
       tok_lib.load_or_train(_config(vocab_path=str(path)), str(tmp_path / 'w'), TEXTS)
   assert not (tmp_path / 'w').exists()
+
+
+def test_an_empty_vocabulary_file_is_named_as_empty(tmp_path):
+  """A zero-byte spm.model loaded as a model without ids, and the message asked
+  for a retrained vocabulary over special ids (-1, -1, -1, -1)."""
+  empty = tmp_path / 'spm.model'
+  empty.write_bytes(b'')
+  with pytest.raises(ValueError, match=r'spm\.model is not a SentencePiece model: it is '
+                     r'empty \(damaged or truncated\?\)$'):
+    tok_lib.Tokenizer.load(str(empty))
+  # Loaded from the workdir (a vocabulary of this run), or from config.data.vocab_path.
+  with pytest.raises(ValueError, match='spm.model is not a SentencePiece model: it is empty'):
+    tok_lib.load_or_train(_config(), str(tmp_path), TEXTS)
+  with pytest.raises(ValueError, match=r'it is empty .*\(config\.data\.vocab_path\)$'):
+    tok_lib.load_or_train(_config(vocab_path=str(empty)), str(tmp_path / 'w'), TEXTS)

@@ -29,6 +29,9 @@ class Tokenizer:
   """Text <-> ids. `encode` adds no BOS/EOS; `decode` stops at EOS and drops PAD/BOS."""
 
   def __init__(self, model_proto, name='<memory>'):
+    if not model_proto:  # SentencePiece loads no bytes as a model without ids (all -1).
+      raise ValueError(f'{name} is not a SentencePiece model: it is empty (damaged or '
+                       'truncated?)')
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     except RuntimeError as e:  # SentencePiece's parse error names neither file nor cause.
