@@ -184,3 +184,26 @@ def test_an_empty_vocabulary_file_is_named_as_empty(tmp_path):
     tok_lib.load_or_train(_config(), str(tmp_path), TEXTS)
   with pytest.raises(ValueError, match=r'it is empty .*\(config\.data\.vocab_path\)$'):
     tok_lib.load_or_train(_config(vocab_path=str(empty)), str(tmp_path / 'w'), TEXTS)
+
+
+@pytest.mark.parametrize('vocab_type', ['bpe', 'unigram'])
+def test_a_vocabulary_the_text_cannot_fill_is_warned_of(vocab_type, caplog):
+  """hard_vocab_limit=False trained vocab_size=20000 on 300 Multi30k lines as 8,885
+  pieces, silently: the size trained is said, naming the field."""
+  with caplog.at_level('WARNING'):
+    tok = tok_lib.train(TEXTS, vocab_type, 2000, field='config.data.vocab_size')
+  assert tok.vocab_size < 2000
+  assert (f'config.data.vocab_size=2000: this text gives a {vocab_type} vocabulary of '
+          f'{tok.vocab_size} pieces only; that is the size trained') in caplog.text
+  caplog.clear()
+  with caplog.at_level('WARNING'):
+    tok_lib.train(TEXTS, vocab_type, tok.vocab_size)  # What the text holds: no warning.
+  assert 'pieces only' not in caplog.text
+
+
+def test_a_word_vocabulary_holding_every_word_is_not_warned_of(caplog):
+  """A word vocabulary smaller than vocab_size holds every word (SCAN's 32 gives
+  23): as before, only words left out are warned of."""
+  with caplog.at_level('WARNING'):
+    assert tok_lib.train(['walk left twice'], 'word', 32).vocab_size == 7
+  assert not caplog.text

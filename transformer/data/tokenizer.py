@@ -115,6 +115,12 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
         'text: it must hold the 256 byte pieces, the special ids and every character '
         f'of the text, {needed.group(1) if needed else "more"} pieces at least') from e
   tok = Tokenizer(proto.getvalue())
+  if vocab_type != 'word' and tok.vocab_size < vocab_size:
+    # hard_vocab_limit=False lets a corpus too small for the size give fewer pieces;
+    # the model is built for the size trained, so a sweep over sizes above it would
+    # compare identical vocabularies.
+    logging.warning('%s=%d: this text gives a %s vocabulary of %d pieces only; that is the '
+                    'size trained', field, vocab_size, vocab_type, tok.vocab_size)
   if vocab_type == 'word':  # No byte fallback: a word left out reads as UNK.
     words = sorted({w for t in texts for w in t.split()})
     missing = sum(ids == [UNK_ID] for ids in tok.encode_batch(words))
