@@ -215,8 +215,8 @@ def test_a_side_that_encodes_to_nothing_is_scored_not_dropped(workdir, monkeypat
   keeps one line per example in order."""
   iter_pairs = data_lib.sources.iter_pairs
 
-  def with_empty_sides(data_config, split, chunk=1000):
-    for pairs in iter_pairs(data_config, split, chunk):
+  def with_empty_sides(data_config, split, chunk=1000, field=None):
+    for pairs in iter_pairs(data_config, split, chunk, field):
       yield [("\u2581", t) if i == 3 else (s, "") if i == 5 else (s, t)
              for i, (s, t) in enumerate(pairs)]
 
@@ -536,7 +536,8 @@ def test_unreadable_checkpoints_are_named_in_one_line_and_kept(workdir, tmp_path
 
 
 def test_unknown_split_and_bad_settings_are_named(workdir):
-  with pytest.raises(ValueError, match="SCAN has splits 'train' and 'test', not 'dev'"):
+  with pytest.raises(ValueError, match=r"SCAN has splits 'train' and 'test', not 'dev' "
+                     r"\(--split\)"):
     evaluate.run(workdir, split="dev")
   with pytest.raises(ValueError, match="beam_size must be >= 1"):
     evaluate.run(workdir, beam_size=0)

@@ -98,11 +98,12 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   if chunk_lines < 1:
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
+  field = "--split" if split else "config.data.test_split"  # What errors name.
   split = split or config.data.test_split
   settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact, refill)
   decode.check_settings(mode, **settings)
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
-  chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit)
+  chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit, field=field)
   # The first chunk first: a bad split fails before the checkpoint is read, and
   # process 0 prepares a generated dataset before the other processes read it.
   first = distributed.process_0_first(lambda: next(chunks, None), "evaluate data")

@@ -107,9 +107,3 @@ def load_split(text_dir, split, source_lang, target_lang):
   """(source, target) pairs of `split` read from `text_dir`."""
   return read_pairs(find_file(text_dir, split, source_lang),
                     find_file(text_dir, split, target_lang))
-
-
-def iter_split(text_dir, split, source_lang, target_lang, chunk=4096):
-  """The (source, target) pairs of `split` in `text_dir`, as lists of up to `chunk`."""
-  yield from iter_pairs(find_file(text_dir, split, source_lang),
-                        find_file(text_dir, split, target_lang), chunk)
