@@ -208,6 +208,26 @@ def test_resume_changes_split_fixed_from_free_fields():
   assert "optim.grad_clip_norm" in [f for f, *_ in resume_changes(old, new)[1]]
 
 
+def test_a_model_field_neither_model_reads_may_change_on_resume():
+  """An RNN run's --config.model.attention_score (warned of as unread) stopped
+  the rerun without it: '(changes the parameters)', which it does not."""
+  rnn = {"model": {"architecture": "rnn", "rnn_attention": "bahdanau", "d_model": 32,
+                   "attention_score": "additive", "num_heads": 8, "rnn_input_feeding": True}}
+  rerun = json.loads(json.dumps(rnn))
+  rerun["model"].update(attention_score="scaled_dot", num_heads=4, rnn_input_feeding=False)
+  fixed, free = resume_changes(rnn, rerun)
+  assert not fixed and [f for f, *_ in free] == [
+      "model.attention_score", "model.num_heads", "model.rnn_input_feeding"]
+  rerun["model"].update(rnn_attention="luong_general")  # Now input feeding is read.
+  assert [f for f, *_ in resume_changes(rnn, rerun)[0]] == ["model.rnn_attention",
+                                                            "model.rnn_input_feeding"]
+  transformer = {"model": {"architecture": "transformer", "num_heads": 8, "rnn_cell": "gru"}}
+  fixed, free = resume_changes(transformer, {"model": {**transformer["model"],
+                                                       "rnn_cell": "lstm", "num_heads": 4}})
+  assert [f for f, *_ in fixed] == ["model.num_heads"] and [f for f, *_ in free] == [
+      "model.rnn_cell"]
+
+
 def _trained_looking_workdir(tmp_path, config, checkpoint=True):
   """config.json, a vocabulary file and (with `checkpoint`) a checkpoint's
   directory: what the check compares against."""

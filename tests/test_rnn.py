@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import random_tokens, tiny_experiment
 from tests.test_plots import assert_png
 from transformer import decode, evaluate, state as state_lib, training, translate
-from transformer.config import ModelConfig, check_config, model_config
+from transformer.config import ModelConfig, check_config, check_model_axis, model_config
 from transformer.model import shift_right
 from transformer.rnn import RNNDecoding, RNNEncoderDecoder
 from transformer.summary import parameter_shapes
@@ -300,3 +300,19 @@ def test_rnn_configs_check():
     assert config.model.rnn_attention == attention
   with pytest.raises(ValueError, match="must be one of"):
     multi30k_rnn.get_config("luong")
+
+
+def test_a_model_axis_is_refused_for_the_rnn():
+  """The RNN has no tensor-parallel layers: a model axis of 2 trained with both
+  devices doing the same work, without a word."""
+  from configs import rnn_scan  # pylint: disable=g-import-not-at-top
+  config = rnn_scan.get_config()
+  config.train.mesh = "data=1,model=2"
+  with pytest.raises(ValueError, match=r"config.train.mesh='data=1,model=2': model.architecture="
+                     r"'rnn' has no tensor-parallel layers, so the model axis \(2\) must be 1"):
+    check_config(config)
+  config.train.mesh = "data=1,model=-1"  # Sized once the devices are known.
+  check_config(config)
+  with pytest.raises(ValueError, match=r"the model axis \(8, of 8 devices\) must be 1"):
+    check_model_axis(config, 8, ", of 8 devices")
+  check_model_axis(config, 1)

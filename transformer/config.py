@@ -295,9 +295,15 @@ def check_config(config) -> None:
 
 def check_model_axis(config, size: int, devices: str = "") -> None:
   """A ValueError naming config.train.mesh unless a model axis of `size` divides
-  the Transformer's heads and hidden units, which it splits. `devices` adds to
-  the message where the size came from."""
-  if config.model.get("architecture", "transformer") != "transformer":
+  the Transformer's heads and hidden units, which it splits; the RNN splits
+  nothing, so its axis must be 1. `devices` adds to the message where the size
+  came from."""
+  architecture = config.model.get("architecture", "transformer")
+  if architecture != "transformer":
+    if size > 1:  # Every device of the axis would do the same work.
+      raise ValueError(f"config.train.mesh={config.train.mesh!r}: model.architecture="
+                       f"{architecture!r} has no tensor-parallel layers, so the model axis "
+                       f"({size}{devices}) must be 1")
     return
   for field in ("num_heads", "d_ff"):
     if config.model[field] % size:
@@ -350,7 +356,11 @@ def resume_changes(saved: dict, current: dict):
       continue
     section, _, name = field.partition(".")
     reason = FIXED_ON_RESUME.get(field)
-    if section == "model" and name not in RESUMABLE_MODEL_FIELDS:
+    # A model field that neither the saved nor the current model reads (the
+    # Transformer's heads on the RNN, say) shapes no parameter.
+    if (section == "model" and name not in RESUMABLE_MODEL_FIELDS
+        and not (unread_model_field(saved.get("model", {}), name)
+                 and unread_model_field(current.get("model", {}), name))):
       reason = _PARAMETERS
     if field == "optim.grad_clip_norm" and (old[field] > 0) != (new[field] > 0):
       reason = "adds or removes the optimizer's clipping state"
