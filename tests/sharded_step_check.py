@@ -4,7 +4,8 @@ devices (data parallel with FSDP, and data=2 x model=4 tensor parallel with
 FSDP) equal the same steps on one device, each device drawing only its own
 rows' dropout masks on the data-parallel mesh; greedy, beam (also refilling)
 and sampled decoding with FSDP- and tensor-parallel-sharded parameters, two
-batches at a time, equal decoding on one device one batch at a time.
+batches at a time, equal decoding on one device one batch at a time. The RNN
+baseline, data parallel with FSDP, trains and decodes as on one device too.
 
 Tolerance: the 8-way step sums per-device partial gradients in another order
 than the single device does, so float32 round-off differs (~1e-7 relative, and
@@ -53,8 +54,19 @@ def batches():
     yield {"inputs": rng.integers(4, 24, size=(16, 10)).astype(np.int32), "targets": targets}
 
 
-def train(devices, fsdp, spec="data=-1,model=1"):
-  config = config_for(fsdp, spec)
+def rnn_config_for(fsdp, mesh="data=-1,model=1"):
+  """The RNN baseline (configs/rnn_scan.py) at d_model 128: data parallel only."""
+  from configs import rnn_scan  # pylint: disable=g-import-not-at-top
+  config = rnn_scan.get_config()
+  config.train.fsdp = fsdp
+  config.train.mesh = mesh
+  config.model.d_model = 128
+  config.optim.adam_eps = 1e-3
+  return config
+
+
+def train(devices, fsdp, spec="data=-1,model=1", make_config=config_for):
+  config = make_config(fsdp, spec)
   mesh = sharding.make_mesh(devices, spec)
   model, tx, _, shardings, _ = state_lib.build(config, 24, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
@@ -126,6 +138,23 @@ def main():
     assert decode_all(model, params, config, mesh, modes=("beam",))["beam"] == one["beam"], spec
   print("decoding with FSDP- and tensor-parallel-sharded parameters, two batches at a "
         "time == single-device, one at a time: greedy, beam, sampling, beam with refill")
+
+  # The RNN baseline: data parallel with FSDP, training and decoding.
+  model, single, m_single, _, _ = train(jax.devices()[:1], False, make_config=rnn_config_for)
+  _, state, metrics, specs, _ = train(jax.devices(), True, "data=8,model=1",
+                                      make_config=rnn_config_for)
+  assert {axis for s in specs for axis in tuple(s) if axis} == {sharding.DATA_AXIS}, specs
+  for step, (m, want) in enumerate(zip(metrics, m_single), start=1):
+    for key in ("loss", "grad_norm", "update_norm", "tokens"):
+      np.testing.assert_allclose(m[key], want[key], rtol=1e-5, err_msg=f"rnn step {step} {key}")
+  one = decode_all(model, single.params, rnn_config_for(False),
+                   sharding.make_mesh(jax.devices()[:1]), concurrent_batches=1,
+                   modes=("greedy", "beam"))
+  mesh = sharding.make_mesh(spec="data=8,model=1")
+  shardings = state_lib.build(rnn_config_for(True), 24, mesh)[3]
+  params = jax.device_put(jax.device_get(single.params), shardings.params)
+  assert decode_all(model, params, rnn_config_for(True), mesh, modes=("greedy", "beam")) == one
+  print("the RNN: data=8 fsdp == single-device over 4 steps, and greedy and beam decoding")
 
 
 if __name__ == "__main__":

@@ -388,6 +388,7 @@ def test_sharded_step_equals_single_device():
           "data=2,model=4 fsdp") in out.stdout
   assert ("decoding with FSDP- and tensor-parallel-sharded parameters, two batches at a "
           "time == single-device, one at a time: greedy, beam") in out.stdout
+  assert "the RNN: data=8 fsdp == single-device over 4 steps" in out.stdout
 
 
 def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp_path, data_dir):
