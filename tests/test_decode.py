@@ -371,6 +371,27 @@ def test_model_refilling_beam_search_changes_nothing(score):
 
 
 
+def test_a_refill_the_model_cannot_do_is_named_with_the_value_given_before_compiling(
+    monkeypatch):
+  """inference.decode_ids on the RNN with refill = 3: the error quotes 3, not the
+  items a batch of tokens_per_batch holds (8 here), which each decode is given
+  instead; and it comes before any program is compiled (the parameters are not
+  even needed)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from transformer import inference, sharding, state as state_lib  # pylint: disable=g-import-not-at-top
+  model = state_lib.make_model(ModelConfig(input_vocab_size=V, output_vocab_size=V,
+                                           num_layers=1, d_model=8, architecture='rnn'))
+  config = ml_collections.ConfigDict({'data': {'tokens_per_batch': 64, 'max_length': 8},
+                                      'decode': {'concurrent_batches': 1}})
+  src = np.array([5, 6, 7, 8, EOS], np.int32)
+  monkeypatch.setattr(inference, '_COMPILED', {})
+  with pytest.raises(ValueError, match=r'^refill=3: RNNDecoding cannot restart decoding rows'):
+    inference.decode_ids(model, None, [(src, src[-1:])] * 30, config, sharding.make_mesh(),
+                         mode='beam', beam_size=2, tokens_per_batch=64, refill=3)
+  assert not inference._COMPILED  # pylint: disable=protected-access
+  assert decode.restarts_rows(TransformerDecoding) and not decode.restarts_rows(ToyDecoding())
+
+
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])  # Keys [.., K, steps] / [.., steps, K].
 @pytest.mark.parametrize('t, old, new', [(3, 5, 9), (23, 5, 9), (23, 9, 5), (7, 9, 5)])
 def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new, dtype):

@@ -36,6 +36,23 @@ def check_settings(mode, beam_size=4, alpha=0.6, max_extra_len=50, compact=0,
                      f"got {temperature}")
 
 
+def restarts_rows(model) -> bool:
+  """Whether a DecodingModel (or its class) implements `restart` (and `ring`),
+  which refilling beam search needs: the Transformer's does, the RNN's not."""
+  cls = model if isinstance(model, type) else type(model)
+  return cls.restart is not DecodingModel.restart
+
+
+def check_refill(model, refill) -> None:
+  """A ValueError where `refill` is on and `model` (a DecodingModel or its class)
+  cannot restart rows. Callers check the value they were given: encode_and_decode
+  gets the items searched at once, inference.decode_ids the batch multiple."""
+  if refill and not restarts_rows(model):
+    name = (model if isinstance(model, type) else type(model)).__name__
+    raise ValueError(f"refill={refill}: {name} cannot restart decoding rows (refilling "
+                     "beam search needs a Transformer); set it to 0")
+
+
 class DecodingModel:
   """What decoding needs from a model; transformer.model.TransformerDecoding is one.
 
@@ -142,9 +159,7 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   K = beam_size if mode == 'beam' else 1
   # The lineage tracks the beams of each row's item.
   refill = refill if K > 1 and refill < B else 0
-  if refill and type(model).restart is DecodingModel.restart:
-    raise ValueError(f"refill={refill}: {type(model).__name__} cannot restart decoding rows "
-                     "(refilling beam search needs a Transformer); set it to 0")
+  check_refill(model, refill)
   first_len = min(L, first_cache_len(S))
   pool, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS,
                                  first_len)

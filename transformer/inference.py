@@ -114,6 +114,10 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   settings = (mode, int(beam_size), float(alpha), int(max_extra_len), float(temperature),
               int(top_k), int(compact) if mode == "beam" else 0)
   refill = int(refill) if mode == "beam" and beam_size > 1 else 0  # Beams to track.
+  # Checked here, with the value given: each decode sees the items searched at
+  # once, computed from it, and would fail only at compile time.
+  if refill:
+    decode.check_refill(state_lib.decoding(model), refill)
   # .get: configs saved before the field existed lack it.
   tokens_per_batch = (tokens_per_batch or config.decode.get("tokens_per_batch")
                       or config.data.tokens_per_batch)
