@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from tests.helpers import tiny_experiment
+from tests.helpers import fake_workdir, tiny_experiment
 from transformer import data as data_lib
 from transformer import decode, evaluate, inference, metrics, results, runtime, training
 from transformer import workdir as workdir_lib
@@ -43,6 +43,30 @@ def trained_workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   return trained_workdir(tmp_path_factory)
+
+
+def rnn_workdir(path, name="rnn", **decode_fields):
+  """A workdir holding only the config.json of a tiny RNN run (config.decode
+  fields changed as given): what evaluate and translate check before any work."""
+  config = tiny_experiment(os.path.join(path, "tfds"))
+  config.model.architecture = "rnn"
+  config.data.batching = "bucket"
+  config.decode.update(decode_fields)
+  fake_workdir(os.path.join(path, name), config)
+  return os.path.join(path, name)
+
+
+class Stopped(Exception):
+  """Raised where a test stops a command that has started its work."""
+
+
+def stop_at(monkeypatch, *names):
+  """Makes workdir_lib's functions `names` (restore, load_tokenizer: the work)
+  raise Stopped."""
+  def stopped(*args, **kwargs):
+    raise Stopped
+  for name in names:
+    monkeypatch.setattr(workdir_lib, name, stopped)
 
 
 # ----------------------------------------------------------------------------
@@ -545,6 +569,39 @@ def test_unknown_split_and_bad_settings_are_named(workdir):
     evaluate.run(workdir, mode="viterbi")
   with pytest.raises(ValueError, match="limit must be >= 1"):
     evaluate.run(workdir, limit=0)
+
+
+def test_a_refill_the_rnn_cannot_do_is_refused_before_any_work(tmp_path, monkeypatch):
+  """--refill on an RNN workdir was recorded as done where each batch fitted one
+  search, and failed at compile time otherwise, naming the items searched at
+  once (refill=8 for --refill 2); config.decode.refill is refused for the RNN
+  at training, and the flag (or a config.json's field) is now refused alike."""
+  stop_at(monkeypatch, "restore", "load_tokenizer")
+  workdir = rnn_workdir(tmp_path)
+  for kw in ({}, {"tokens_per_batch": 64}):
+    with pytest.raises(ValueError, match=re.escape(
+        "--refill 2: model.architecture='rnn' cannot refill beam search rows")):
+      evaluate.run(workdir, split="test[:40]", mode="beam", refill=2, **kw)
+  with pytest.raises(ValueError, match=re.escape(
+      "config.decode.refill=3: model.architecture='rnn' cannot refill")):
+    evaluate.run(rnn_workdir(tmp_path, "edited", refill=3), mode="beam")
+  with pytest.raises(Stopped):  # Off, or greedy search: the RNN decodes.
+    evaluate.run(workdir, mode="beam", refill=0)
+  with pytest.raises(Stopped):
+    evaluate.run(workdir, mode="greedy", refill=2)
+
+
+def test_compact_and_refill_outside_beam_search_are_warned_of(workdir, monkeypatch, capsys):
+  """Greedy search ignored --compact and --refill without a word."""
+  stop_at(monkeypatch, "restore")
+  for kw in ({"refill": 2}, {"compact": 1}):
+    with pytest.raises(Stopped):
+      evaluate.run(workdir, split="test[:5]", mode="greedy", **kw)
+    assert ("evaluate: warning: --compact and --refill act in --mode beam only; --mode greedy "
+            "ignores them") in capsys.readouterr().err
+  with pytest.raises(Stopped):
+    evaluate.run(workdir, split="test[:5]", mode="beam", refill=2)
+  assert "warning" not in capsys.readouterr().err
 
 
 def test_command_reports_bad_input_without_traceback(tmp_path):

@@ -40,6 +40,7 @@ import itertools
 import json
 import os
 import re
+import sys
 import time
 import zlib
 
@@ -50,6 +51,7 @@ import jax
 
 from transformer import data as data_lib
 from transformer import decode, distributed, files, inference, results, runtime, training
+from transformer import state as state_lib
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 from transformer.config import SCORED_DECODE_MODES
@@ -86,6 +88,31 @@ def _file_part(text: str) -> str:
   return f"{safe}-{zlib.crc32(text.encode()):08x}"
 
 
+def search_settings(command, config, mode, beam_size=None, alpha=None, max_extra_len=None,
+                    compact=None, refill=None) -> dict:
+  """inference.decode_settings of the flags given (None: config.decode's), checked
+  before any work, for evaluate and translate (`command`, which warnings name):
+  --compact or --refill outside --mode beam is warned of (the other searches
+  ignore them), and a refill the model's decoding cannot do is refused."""
+  settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact, refill)
+  decode.check_settings(mode, **settings)
+  if mode != "beam":
+    if (compact or refill) and jax.process_index() == 0:
+      print(f"{command}: warning: --compact and --refill act in --mode beam only; "
+            f"--mode {mode} ignores them", file=sys.stderr)
+    return settings
+  # The RNN's decoding cannot restart rows (config.check_config refuses
+  # config.decode.refill for it at training); refused here, not at compile time.
+  architecture = config.model.get("architecture", "transformer")
+  if settings["refill"] and not decode.restarts_rows(state_lib.ARCHITECTURES[architecture][1]):
+    given = (f"--refill {refill}" if refill is not None
+             else f"config.decode.refill={settings['refill']}")
+    raise ValueError(f"{given}: model.architecture={architecture!r} cannot refill beam "
+                     "search rows (its decoding cannot restart them; decode.refill needs a "
+                     "Transformer); set it to 0")
+  return settings
+
+
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
         max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES,
         compact=None, concurrent_batches=None, refill=None):
@@ -100,8 +127,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   config = workdir_lib.load_config(workdir)
   field = "--split" if split else "config.data.test_split"  # What errors name.
   split = split or config.data.test_split
-  settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact, refill)
-  decode.check_settings(mode, **settings)
+  settings = search_settings("evaluate", config, mode, beam_size, alpha, max_extra_len, compact,
+                             refill)
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
   chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit, field=field)
   # The first chunk first: a bad split fails before the checkpoint is read, and
