@@ -10,7 +10,7 @@ import sys
 from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
-from tests.test_evaluate import trained_workdir
+from tests.test_evaluate import Stopped, rnn_workdir, stop_at, trained_workdir
 from tests.test_plots import assert_png
 from transformer import decode, inference, translate
 from transformer import workdir as workdir_lib
@@ -102,6 +102,40 @@ def test_flags_for_another_mode_or_no_plot_are_warned_of_and_blank_lines_plot_no
   with pytest.raises(ValueError, match="every input line is empty or encodes to no tokens"):
     translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy",
                   plot_attention=str(tmp_path / "a.png"))
+
+
+def test_compact_and_refill_outside_beam_search_are_warned_of(workdir, tmp_path, monkeypatch,
+                                                              capsys):
+  """Greedy search and sampling ignored --compact and --refill without a word; the
+  warning comes before any work, beside --seed's, as do the search settings' errors."""
+  stop_at(monkeypatch, "restore")
+  src = tmp_path / "in.txt"
+  src.write_text(LINES[0] + "\n")
+  for mode, kw in (("greedy", {"refill": 2}), ("sample", {"compact": 1})):
+    with pytest.raises(Stopped):
+      translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode=mode, **kw)
+    assert (f"translate: warning: --compact and --refill act in --mode beam only; --mode {mode} "
+            "ignores them") in capsys.readouterr().err
+  with pytest.raises(Stopped):
+    translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="beam", refill=2)
+  assert "warning" not in capsys.readouterr().err
+  with pytest.raises(ValueError, match=r"compact \(1\) and refill \(2\)"):
+    translate.run(workdir, str(src), str(tmp_path / "out.txt"), compact=1, refill=2)
+
+
+def test_the_rnn_refuses_refill_before_any_work(tmp_path, monkeypatch):
+  """On an RNN workdir --refill failed at compile time naming the items searched at
+  once (refill=8 for --refill 3); it is refused first, naming model.architecture."""
+  stop_at(monkeypatch, "restore")
+  workdir = rnn_workdir(tmp_path)
+  src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+  src.write_text("walk twice\n")
+  with pytest.raises(ValueError, match=re.escape(
+      "--refill 3: model.architecture='rnn' cannot refill beam search rows")):
+    translate.run(workdir, str(src), str(out), refill=3, tokens_per_batch=64)
+  with pytest.raises(Stopped):  # Greedy search ignores it.
+    translate.run(workdir, str(src), str(out), mode="greedy", refill=3)
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "rnn"]
 
 
 def test_run_reads_stdin_and_writes_stdout(workdir, monkeypatch, capsys):

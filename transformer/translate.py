@@ -227,6 +227,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   if not 0 <= seed < 2**32:  # JAX's keys keep 32 bits: seed and seed + 2^32 would agree.
     raise ValueError(f"seed must be in [0, 2^32), got {seed}")
   check_paths(input_path, output_path, plot_attention)
+  settings = evaluate.search_settings("translate", config, mode, beam_size, alpha,
+                                      max_extra_len, compact, refill)
   if mode != "sample" and (seed != 0 or temperature != 1.0) and jax.process_index() == 0:
     print(f"translate: warning: --seed and --temperature act in --mode sample only; "
           f"--mode {mode} ignores them", file=sys.stderr)
@@ -235,8 +237,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
           "without it they are ignored", file=sys.stderr)
   restored = workdir_lib.restore(workdir, checkpoint)
   decode_kw = dict(
-      mode=mode, **inference.decode_settings(config, beam_size, alpha, max_extra_len, compact,
-                                             refill),
+      mode=mode, **settings,
       temperature=temperature, tokens_per_batch=tokens_per_batch,
       concurrent_batches=concurrent_batches)
   bad_bytes = LineWarnings("were not valid UTF-8 (their bad bytes read as unknown characters)")
