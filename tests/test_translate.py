@@ -138,6 +138,24 @@ def test_the_rnn_refuses_refill_before_any_work(tmp_path, monkeypatch):
   assert sorted(os.listdir(tmp_path)) == ["in.txt", "rnn"]
 
 
+def test_the_rnn_refuses_a_layer_to_plot_before_any_work(tmp_path, monkeypatch):
+  """--layer 7 on an RNN workdir was ignored (the plot drawn): the RNN has one
+  attention. It is refused first, naming model.architecture."""
+  stop_at(monkeypatch, "restore")
+  workdir = rnn_workdir(tmp_path)
+  src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+  src.write_text("walk twice\n")
+  for layer in (7, 0):
+    with pytest.raises(ValueError, match=re.escape(
+        f"--layer {layer}: model.architecture='rnn' has one attention")):
+      translate.run(workdir, str(src), str(out), plot_attention=str(tmp_path / "a.png"),
+                    layer=layer)
+  with pytest.raises(Stopped):  # The default layer.
+    translate.run(workdir, str(src), str(out), mode="greedy",
+                  plot_attention=str(tmp_path / "a.png"))
+  assert sorted(os.listdir(tmp_path)) == ["in.txt", "rnn"]
+
+
 def test_run_reads_stdin_and_writes_stdout(workdir, monkeypatch, capsys):
   stdin = io.TextIOWrapper(io.BytesIO("walk twice\n\njump\nlook left\nrun\n".encode()))
   monkeypatch.setattr(sys, "stdin", stdin)

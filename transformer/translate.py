@@ -221,6 +221,9 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                        "processes of a multi-process job")
     rnn = config.model.get("architecture") == "rnn"  # One attention: one head, no layers.
     plots.parse_head(head, 1 if rnn else config.model.num_heads)
+    if rnn and layer != -1:  # Drawn anyway, the plot would not be of the layer asked.
+      raise ValueError(f"--layer {layer}: model.architecture='rnn' has one attention, no "
+                       "decoder layers to choose from; leave --layer out")
     if not rnn and not -config.model.num_layers <= layer < config.model.num_layers:
       raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
                        "decoder")
