@@ -167,6 +167,30 @@ def test_a_malformed_sweep_file_is_named_with_what_is_wrong(tmp_path, text, erro
   assert str(raised.value).startswith(f"{path}: {error.format()}"), str(raised.value)
 
 
+def test_a_base_that_does_not_load_is_one_line_as_train_py_reports_it(tmp_path):
+  """A bad config argument in the base printed 'flag --config=...: Error whilst
+  parsing config file:' and ml_collections' ten-line traceback; it is train.py's
+  one line (runtime.parse_flags), naming --base or the sweep file's BASE."""
+  base = os.path.join(ROOT, "configs", "multi30k_rnn.py") + ":luong"
+  _, error = helpers.train_flags(base)
+  error = error.removeprefix("train: error: ")
+  assert error.startswith(f"flag --config={base}: Error whilst parsing config file: ValueError: "
+                          "multi30k_rnn attention must be one of ("), error
+  with pytest.raises(ValueError) as raised:
+    sweep_lib.resolve(write_sweep(tmp_path), base=base)
+  assert str(raised.value) == error.replace("--config=", "--base=", 1)
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=base, name="bad_base.py")
+  with pytest.raises(ValueError) as raised:
+    sweep_lib.resolve(path)
+  assert str(raised.value) == f"{path}: BASE: {error}"
+  out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep", path, "--list"],
+                       cwd=ROOT, capture_output=True, text=True, env=process_helpers.command_env())
+  assert out.returncode == 1 and out.stdout == ""
+  assert out.stderr.strip().splitlines()[-1] == f"sweep: error: {path}: BASE: {error}"
+  assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_table3_scales_with_its_base():
   path = os.path.join(ROOT, "configs", "sweeps", "table3.py")
   sweep = sweep_lib.resolve(path)

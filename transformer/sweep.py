@@ -66,10 +66,11 @@ from typing import Optional
 
 from absl import app
 from absl import flags
+from ml_collections import config_flags
 
-from transformer import results, sweep_run
+from transformer import results, runtime, sweep_run
 from transformer import workdir as workdir_lib
-from transformer.config import check_config, load_file, unread_overrides
+from transformer.config import check_config, load_file, quiet_loading, unread_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -148,6 +149,24 @@ def _load(path: str):
   return module
 
 
+def _load_base(base: str, where: str):
+  """The base config file's ConfigDict, loaded as train.py loads its --config (by
+  runtime.parse_flags, on a private flag named as `where` gave it: --base, else
+  --config, as the sweep file's BASE is train.py's): a file that does not load or
+  builds no config is a ValueError of one line, not ml_collections' traceback."""
+  flag, prefix = ("base", "") if where == "--base" else ("config", f"{where}: ")
+  argv = ["sweep", f"--{flag}={base}"]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file(flag, None, "Base config.", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  try:
+    with quiet_loading():
+      runtime.parse_flags(argv, "sweep", config_flag=flag, flag_values=flag_values)
+  except SystemExit as e:  # parse_flags stops a command; the sweep's caller reports it.
+    raise ValueError(prefix + str(e.code).removeprefix("sweep: error: ")) from None
+  return flag_values[flag].value
+
+
 def _variants(path: str, module, base_config) -> list:
   """get_sweep's (name, {field: value}) pairs, each checked: a ValueError naming
   the file, the variant and what is wrong (instead of one from deep in resolve)."""
@@ -184,7 +203,7 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
     raise ValueError(f"{path}: no BASE = 'config file' (or give --base)")
   if not os.path.isfile(base.partition(":")[0]):
     raise ValueError(f"{where} {base!r}: no such file")
-  plain = load_file(base)
+  plain = _load_base(base, where)
   # `--set config.field=value`, spelt as train.py's --config.field=value, is the field's.
   sets = [s[len("config."):] if s.startswith("config.") and "config" not in plain else s
           for s in sets]
