@@ -272,9 +272,12 @@ def check_config(config) -> None:
   check(not (config.decode.get("refill", 0) and config.decode.get("compact", 0)),
         "decode.refill", f"decode.compact={config.decode.get('compact', 0)!r} is also set, "
         "another way to skip finished sentences; set one of them to 0")
-  check(not (config.decode.get("refill", 0) and config.model.get("architecture") == "rnn"),
-        "decode.refill", "needs a Transformer (the RNN's decoding cannot restart rows); "
-        "set it to 0")
+  from transformer import state  # pylint: disable=g-import-not-at-top  (state imports config)
+  architecture = config.model.get("architecture", "transformer")
+  check(not (config.decode.get("refill", 0) and architecture in state.ARCHITECTURES
+             and not state.refills(architecture)),
+        "decode.refill", f"needs a Transformer (model.architecture={architecture!r}: its "
+        "decoding cannot restart rows); set it to 0")
   check(config.decode.get("concurrent_batches", 1) >= 1, "decode.concurrent_batches",
         "must be >= 1")
   check(config.data.get("prefetch", 0) >= 0, "data.prefetch", "must be >= 0 (0 = off)")

@@ -101,10 +101,9 @@ def search_settings(command, config, mode, beam_size=None, alpha=None, max_extra
       print(f"{command}: warning: --compact and --refill act in --mode beam only; "
             f"--mode {mode} ignores them", file=sys.stderr)
     return settings
-  # The RNN's decoding cannot restart rows (config.check_config refuses
-  # config.decode.refill for it at training); refused here, not at compile time.
+  # Refused here, not at compile time (config.check_config asks the same at training).
   architecture = config.model.get("architecture", "transformer")
-  if settings["refill"] and not decode.restarts_rows(state_lib.ARCHITECTURES[architecture][1]):
+  if settings["refill"] and not state_lib.refills(architecture):
     given = (f"--refill {refill}" if refill is not None
              else f"config.decode.refill={settings['refill']}")
     raise ValueError(f"{given}: model.architecture={architecture!r} cannot refill beam "
