@@ -186,9 +186,24 @@ def command_without_tensorflow_settings(args, timeout=180):
 
 
 def assert_no_tensorflow_noise(stderr):
-  for noise in TENSORFLOW_NOISE:
+  """Nor JAX's INFO line on the backends it tried (quiet_library_logs)."""
+  for noise in TENSORFLOW_NOISE + ("Unable to initialize backend",):
     assert noise not in stderr, stderr[-3000:]
   assert not CPP_INFO_LINE.search(stderr), stderr[-3000:]
+
+
+def test_summary_and_plots_stderr_hold_no_library_notes(tmp_path):
+  """summary and plots built their model or table without quiet_library_logs:
+  JAX's "Unable to initialize backend 'tpu'" line showed."""
+  out = command_without_tensorflow_settings(
+      ["-m", "transformer.summary", "--config", "configs/default.py"])
+  assert out.returncode == 0 and "Total parameters: 926,720" in out.stdout, out.stderr[-3000:]
+  assert_no_tensorflow_noise(out.stderr)
+  out = command_without_tensorflow_settings(
+      ["-m", "transformer.plots", "positional", "--d_model", "16", "--max_len", "8",
+       "--out", str(tmp_path / "pe.png")])
+  assert out.returncode == 0 and (tmp_path / "pe.png").exists(), out.stderr[-3000:]
+  assert_no_tensorflow_noise(out.stderr)
 
 
 def test_train_stderr_has_our_warning_and_error_and_no_tensorflow_notes(tmp_path):

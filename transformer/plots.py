@@ -20,7 +20,7 @@ matplotlib.use("Agg")  # Files only; no display needed.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from transformer import attention, files
+from transformer import attention, files, runtime
 from transformer.model import sinusoidal_table
 
 PROJECTIONS = ("query", "key", "value")
@@ -168,6 +168,7 @@ def main(argv):
   if len(argv) != 2 or argv[1] != "positional":
     raise app.UsageError("usage: python -m transformer.plots positional "
                          "[--d_model 512] [--max_len 100] --out pe.png")
+  runtime.quiet_library_logs()
   f = flags.FLAGS
   try:
     if not os.path.isdir(os.path.dirname(os.path.abspath(f.out))):

@@ -55,6 +55,7 @@ def format_table(rows) -> str:
 
 def main(argv):
   del argv
+  runtime.quiet_library_logs()
   with runtime.one_line_errors("summary"):  # A bad model field: one line naming it.
     workdir = flags.FLAGS.workdir
     config = flags.FLAGS.config

@@ -363,6 +363,7 @@ def define_flags():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  runtime.quiet_library_logs()
   f = flags.FLAGS
   try:
     sweep = resolve(f.sweep, f.base, f.set)
