@@ -392,6 +392,15 @@ def test_a_refill_the_model_cannot_do_is_named_with_the_value_given_before_compi
   assert decode.restarts_rows(TransformerDecoding) and not decode.restarts_rows(ToyDecoding())
 
 
+def test_the_settings_checks_name_the_architectures_whose_decoding_refills():
+  """config.REFILLING_ARCHITECTURES (what check_config and evaluate's and
+  translate's settings check read) agrees with the decoding classes."""
+  from transformer import config as config_lib, state as state_lib  # pylint: disable=g-import-not-at-top
+  assert set(config_lib.REFILLING_ARCHITECTURES) == {
+      name for name, (_, decoding) in state_lib.ARCHITECTURES.items()
+      if decode.restarts_rows(decoding)}
+
+
 @pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])  # Keys [.., K, steps] / [.., steps, K].
 @pytest.mark.parametrize('t, old, new', [(3, 5, 9), (23, 5, 9), (23, 9, 5), (7, 9, 5)])
 def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new, dtype):

@@ -50,6 +50,10 @@ ARCHITECTURE_ONLY_FIELDS = {
                     "attention_bias"),
     "rnn": ("rnn_cell", "rnn_attention", "rnn_input_feeding"),
 }
+# The architectures whose decoding restarts rows, which refilling beam search
+# needs (decode.restarts_rows of their decoding class; test_decode checks that
+# the two agree): named here, below the models, for the checks of settings.
+REFILLING_ARCHITECTURES = ("transformer",)
 RNN_CELLS = ("gru", "lstm")
 RNN_ATTENTIONS = ("bahdanau", "luong_general", "luong_dot")
 
@@ -272,10 +276,8 @@ def check_config(config) -> None:
   check(not (config.decode.get("refill", 0) and config.decode.get("compact", 0)),
         "decode.refill", f"decode.compact={config.decode.get('compact', 0)!r} is also set, "
         "another way to skip finished sentences; set one of them to 0")
-  from transformer import state  # pylint: disable=g-import-not-at-top  (state imports config)
   architecture = config.model.get("architecture", "transformer")
-  check(not (config.decode.get("refill", 0) and architecture in state.ARCHITECTURES
-             and not state.refills(architecture)),
+  check(not (config.decode.get("refill", 0) and architecture not in REFILLING_ARCHITECTURES),
         "decode.refill", f"needs a Transformer (model.architecture={architecture!r}: its "
         "decoding cannot restart rows); set it to 0")
   check(config.decode.get("concurrent_batches", 1) >= 1, "decode.concurrent_batches",

@@ -51,10 +51,9 @@ import jax
 
 from transformer import data as data_lib
 from transformer import decode, distributed, files, inference, results, runtime, training
-from transformer import state as state_lib
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
-from transformer.config import SCORED_DECODE_MODES
+from transformer.config import REFILLING_ARCHITECTURES, SCORED_DECODE_MODES
 
 CHUNK_LINES = data_lib.sources.CHUNK  # Examples (lines) decoded together: bounded memory.
 
@@ -103,7 +102,7 @@ def search_settings(command, config, mode, beam_size=None, alpha=None, max_extra
     return settings
   # Refused here, not at compile time (config.check_config asks the same at training).
   architecture = config.model.get("architecture", "transformer")
-  if settings["refill"] and not state_lib.refills(architecture):
+  if settings["refill"] and architecture not in REFILLING_ARCHITECTURES:
     given = (f"--refill {refill}" if refill is not None
              else f"config.decode.refill={settings['refill']}")
     raise ValueError(f"{given}: model.architecture={architecture!r} cannot refill beam "

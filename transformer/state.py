@@ -47,13 +47,6 @@ def decoding(model):
   return ARCHITECTURES[model.config.architecture][1](model)
 
 
-def refills(architecture: str) -> bool:
-  """Whether refilling beam search (decode.refill) works for an architecture:
-  its decoding restarts rows (the Transformer's does, the RNN's not)."""
-  from transformer import decode  # pylint: disable=g-import-not-at-top
-  return decode.restarts_rows(ARCHITECTURES[architecture][1])
-
-
 class Built(NamedTuple):
   """What a config builds before any data is seen."""
   model: flax.linen.Module  # Transformer or RNNEncoderDecoder (make_model).
