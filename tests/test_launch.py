@@ -4,9 +4,11 @@ and prefixed output, and a failed job ended and reported, not left running.
 
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 from transformer import launch
 
@@ -125,3 +127,74 @@ def test_terminated_processes_get_the_stop_grace_together_and_unnamed_signals_ar
   assert code == 128 + 40, text
   assert "[launch] failed: process 1 killed by signal 40 first" in text
 
+
+
+def _wait_gone(pid, within_s=10.0) -> bool:
+  """Whether process `pid` has ended (and been reaped) within `within_s`."""
+  deadline = time.monotonic() + within_s
+  while time.monotonic() < deadline:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return True
+    time.sleep(0.05)
+  return False
+
+
+def test_a_ctrl_c_at_the_terminal_reaches_each_process_once_as_the_launchers_sigterm():
+  """A terminal's Ctrl-C goes to its whole foreground process group. The
+  processes got it, then the launcher's SIGTERM 0.1 s later: train.py took the
+  second signal as 'stop at once' and saved nothing. Each process now has a group
+  of its own, and gets one SIGTERM from the launcher."""
+  records = ("import signal, sys, time\n"
+             "def got(signum, _):\n"
+             "  print('got', signal.Signals(signum).name, flush=True)\n"
+             "  time.sleep(1)\n"
+             "  sys.exit(143)\n"
+             "signal.signal(signal.SIGTERM, got)\n"
+             "signal.signal(signal.SIGINT, got)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+  job = subprocess.Popen([sys.executable, "-m", "transformer.launch", "--processes=2", "--",
+                          sys.executable, "-c", records], cwd=ROOT, stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)  # As a terminal's foreground job.
+  ready = 0
+  for line in job.stdout:
+    ready += line.endswith("] ready\n")
+    if ready == 2:
+      break
+  os.killpg(job.pid, signal.SIGINT)  # Ctrl-C: the launcher's whole group.
+  rest = job.stdout.read()
+  assert job.wait(timeout=60) == 130, rest
+  assert rest.count("] got SIGTERM") == 2 and "] got SIGINT" not in rest, rest
+  assert rest.count("exited with status 143 (by the launcher)") == 2, rest
+
+
+def test_what_a_stopped_process_started_ends_with_it():
+  """A shell or script around the real command: the launcher's SIGTERM reached
+  the wrapper alone, and what it had started ran on after the job ended."""
+  starts = ("import subprocess, sys, time\n"
+            "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\n"
+            "time.sleep(60)\n")
+  out = io.StringIO()
+  assert launch.launch(python(starts), 2, timeout_s=1, stop_grace_s=5, out=out) == 124
+  pids = [int(line.split()[-1]) for line in out.getvalue().splitlines()
+          if line.startswith("[p") and line.split()[-1].isdigit()]
+  assert len(pids) == 2, out.getvalue()
+  assert all(_wait_gone(pid) for pid in pids), pids
+
+
+def test_bad_port_timeout_and_command_are_one_line_each():
+  for flag, message in (("--port=70000", "--port=70000"), ("--port=-5", "--port=-5"),
+                        ("--timeout_s=0", "--timeout_s=0 must be > 0")):
+    out = subprocess.run([sys.executable, "-m", "transformer.launch", flag, "--",
+                          sys.executable, "-c", "pass"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert message in out.stderr, out.stderr
+  out = subprocess.run([sys.executable, "-m", "transformer.launch", "--",
+                        "no_such_command_here", "x"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+  assert out.stderr.strip().splitlines()[-1] == (
+      "launch: error: no such command: 'no_such_command_here'")

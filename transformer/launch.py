@@ -11,6 +11,11 @@ JAX_PLATFORMS=cpu). A command whose first word ends in .py or is -m runs under
 this Python. Output lines come prefixed with [p<i>]; stdin is not shared (give
 translate an --input file).
 
+Each process runs in a process group of its own: a Ctrl-C at the terminal
+reaches the launcher alone, which passes it on as one SIGTERM to each process
+(a second signal would stop train.py before it saves), and a signal the
+launcher sends reaches what the process started too (a shell's children).
+
 A job fails as a whole: once a process fails, the others get --grace_s seconds
 to end by themselves (a JAX process notices a dead peer within
 config.distributed.heartbeat_timeout_s), then are terminated. The exit status is
@@ -22,6 +27,7 @@ whole job the same way.
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -92,6 +98,12 @@ def child_command(command) -> list:
   return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())] + command_line(command)
 
 
+def _signal_group(child, signum) -> None:
+  """`signum` to the child's process group (the child and what it started)."""
+  with contextlib.suppress(ProcessLookupError, PermissionError):  # The group has ended.
+    os.killpg(child.pid, signum)
+
+
 def _pump(stream, prefix, out, lock):
   """Copies a process's output lines to `out`, prefixed. Once `out` is gone (a
   reader that quit: `| head`), the rest is read and dropped, so that the process
@@ -116,6 +128,12 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
   SIGKILL."""
   if processes < 1:
     raise ValueError(f"--processes={processes} must be >= 1")
+  if port is not None and not 0 < port < 65536:
+    raise ValueError(f"--port={port} must be in 1..65535")
+  if timeout_s is not None and timeout_s <= 0:
+    raise ValueError(f"--timeout_s={timeout_s:g} must be > 0 (leave it out for no limit)")
+  if not command or shutil.which(command_line(command)[0]) is None:
+    raise ValueError(f"no such command: {command_line(command)[0] if command else '(none)'!r}")
   if port and distributed.port_in_use(port):  # Said here, not as a variable's problem.
     raise ValueError(f"--port={port} is in use on this host; choose another, or leave "
                      "--port out for a free one")
@@ -134,7 +152,8 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
     children.append(subprocess.Popen(
         child_command(command), env=process_env(environ, port, processes, i,
                                                  devices_per_process),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True))  # Its own process group (see the module's docstring).
     say(f"process {i}: pid {children[-1].pid}")
   pumps = [threading.Thread(target=_pump, args=(c.stdout, f"[p{i}] ", out, lock),
                             daemon=True) for i, c in enumerate(children)]
@@ -174,8 +193,8 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
                   else f"{grace_s:g} s after the first failure")
         for i, c in enumerate(children):
           if c.poll() is None:
-            c.terminate()
-            c.send_signal(signal.SIGCONT)  # A stopped process acts on SIGTERM once continued.
+            _signal_group(c, signal.SIGTERM)
+            _signal_group(c, signal.SIGCONT)  # A stopped process acts on SIGTERM once continued.
             stopped.append(i)
         say(f"terminating processes {stopped}: {reason}; SIGKILL after "
             f"{stop_grace_s:g} s")
@@ -184,17 +203,19 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
           try:
             c.wait(timeout=max(0.0, kill_at - time.monotonic()))
           except subprocess.TimeoutExpired:
-            c.kill()
+            _signal_group(c, signal.SIGKILL)
             c.wait()
         break
       time.sleep(_POLL_S)
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
-    for c in children:
+    for i, c in enumerate(children):
       if c.poll() is None:
-        c.kill()
+        _signal_group(c, signal.SIGKILL)
         c.wait()
+      if i in stopped:  # What a stopped process started ends with it.
+        _signal_group(c, signal.SIGKILL)
     for t in pumps + waiters:
       t.join(timeout=5)
 
@@ -221,11 +242,12 @@ def define_flags():
   flags.DEFINE_integer("processes", 2, "Processes in the job.", lower_bound=1)
   flags.DEFINE_integer("devices_per_process", None, "CPU devices each process gets; unset: "
                        "the platform's own devices.", lower_bound=1)
-  flags.DEFINE_integer("port", None, "Coordinator port; default: a free one.")
+  flags.DEFINE_integer("port", None, "Coordinator port; default: a free one.",
+                       lower_bound=1, upper_bound=65535)
   flags.DEFINE_float("grace_s", 30.0, "Seconds the others get to end by themselves once a "
                      "process has failed.", lower_bound=0.0)
-  flags.DEFINE_float("timeout_s", None, "Terminate the job after this many seconds; unset: "
-                     "no limit.", lower_bound=0.0)
+  flags.DEFINE_float("timeout_s", None, "Terminate the job after this many seconds (> 0); "
+                     "unset: no limit.")
   flags.DEFINE_float("stop_grace_s", 60.0, "Seconds terminated processes get (to save a "
                      "checkpoint) before SIGKILL.", lower_bound=0.0)
 
