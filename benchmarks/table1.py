@@ -244,15 +244,37 @@ def plot(results, path):
   plt.close(fig)
 
 
+def check_output(path, flag):
+  """A ValueError for an output file that cannot be written (its folder missing, or a
+  directory at its path), in translate's --output words: callers check before any
+  work, so that a bad path does not throw away what the run measured."""
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r}: is a directory; give a file name")
+  if not os.path.isdir(folder):
+    raise ValueError(f"{flag} {path!r}: its folder {folder!r} does not exist")
+
+
+def ints(text):
+  """'16,32' -> [16, 32] (argparse names the function in its error)."""
+  return [int(v) for v in text.split(",")]
+
+
+# The least value of each flag: a layer needs a position, a width and a batch row;
+# a median at least one run; a kernel of width 1 reaches no earlier position, and
+# a neighbourhood of 0 is no restriction (the layer then runs unrestricted); a
+# path from input 0 to output n-1 needs two positions.
+LEAST = {"lengths": 1, "dims": 1, "batch": 1, "repeats": 1, "k": 2, "r": 1, "path_lengths": 2}
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ints = lambda s: [int(v) for v in s.split(",")]
   p.add_argument("--lengths", type=ints, default=[16, 32, 64, 128, 256, 512, 1024])
   p.add_argument("--dims", type=ints, default=[256, 512])
   p.add_argument("--batch", type=int, default=1)
   p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--k", type=int, default=3, help="convolution kernel width")
-  p.add_argument("--r", type=int, default=8, help="restricted self-attention neighbourhood")
+  p.add_argument("--k", type=int, default=3, help="convolution kernel width, >= 2")
+  p.add_argument("--r", type=int, default=8, help="restricted self-attention neighbourhood, >= 1")
   p.add_argument("--path_lengths", type=ints, default=[16, 64],
                  help="n of the path measurement (at the smallest of --dims)")
   p.add_argument("--smoke", action="store_true", help="n 16 and 32, d 32, 1 repeat (CI)")
@@ -261,6 +283,19 @@ def main(argv=None):
   args = p.parse_args(argv)
   if args.smoke:
     args.lengths, args.dims, args.repeats, args.path_lengths = [16, 32], [32], 1, [16]
+  # Checked before any work: a bad value fails in JAX, or prints a wrong table, and
+  # a bad output path would fail only after everything was measured.
+  for name, least in LEAST.items():
+    values = getattr(args, name)
+    low = min(values) if isinstance(values, list) else values
+    if low < least:
+      p.error(f"--{name} must be at least {least}, got {low}")
+  for flag in ("json", "plot"):
+    try:
+      if getattr(args, flag):
+        check_output(getattr(args, flag), f"--{flag}")
+    except ValueError as e:
+      p.error(str(e))
 
   results = {"args": vars(args), "meta": {
       "device": str(jax.devices()[0]), "platform": platform.platform(),

@@ -64,3 +64,41 @@ def test_blocked_local_attention_is_the_band_masked_dense_one(n, r):
   np.testing.assert_allclose(local, banded, rtol=1e-5, atol=1e-6)
   # Where the band leaves keys out, it matters: the unmasked result differs.
   assert np.allclose(local, dense) == (r >= n - 1)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (["--lengths", "16,0"], "--lengths must be at least 1, got 0"),
+    (["--dims", "0"], "--dims must be at least 1, got 0"),
+    (["--batch", "0"], "--batch must be at least 1, got 0"),
+    (["--k", "1"], "--k must be at least 2, got 1"),
+    (["--r", "0"], "--r must be at least 1, got 0"),
+    (["--r", "-2"], "--r must be at least 1, got -2"),
+    (["--path_lengths", "1"], "--path_lengths must be at least 2, got 1"),
+    (["--json", "/nonexistent/t.json"],
+     "--json '/nonexistent/t.json': its folder '/nonexistent' does not exist"),
+    (["--plot", "/nonexistent/t.png"],
+     "--plot '/nonexistent/t.png': its folder '/nonexistent' does not exist"),
+])
+def test_bad_flags_are_refused_by_name_before_any_measurement(argv, message, capsys, monkeypatch):
+  monkeypatch.setattr(table1, "measured_paths", _no_work)
+  monkeypatch.setattr(table1, "time_layer", _no_work)
+  with pytest.raises(SystemExit) as stopped:
+    table1.main(argv)
+  assert stopped.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_an_output_path_that_is_a_directory_is_refused_before_any_measurement(
+    flag, tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(table1, "measured_paths", _no_work)
+  monkeypatch.setattr(table1, "time_layer", _no_work)
+  with pytest.raises(SystemExit):
+    table1.main(["--smoke", flag, str(tmp_path)])
+  assert capsys.readouterr().err.splitlines()[-1].endswith(
+      f": error: {flag} {str(tmp_path)!r}: is a directory; give a file name")
+
+
+def _no_work(*args, **kwargs):
+  raise AssertionError("measured despite a bad flag")
