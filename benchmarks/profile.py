@@ -42,6 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # pylint: disable=g-import-not-at-top
 
 from benchmarks import common
+from benchmarks.table1 import check_output
 from transformer import attention, runtime, sharding, state as state_lib, training
 
 VARIANTS = ("dropout=0", "rbg", "reference_attn", "xla_attn", "bfloat16", "pack")
@@ -171,7 +172,7 @@ def top_ops(step, holder, placed, steps=2, top=15):
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--size", default="small", help="smoke | small | base")
+  p.add_argument("--size", default="small", choices=tuple(common.SIZES))
   p.add_argument("--steps", type=int, default=3)
   p.add_argument("--variants", default="all", help=f"comma-separated of {VARIANTS}, or none")
   p.add_argument("--trace", action="store_true", help="per-op profile of the baseline step")
@@ -183,14 +184,29 @@ def main(argv=None):
   p.add_argument("--pack", action="store_true", help="the baseline trains on a packed batch")
   p.add_argument("--json")
   args = p.parse_args(argv)
+  # Checked before any work: a count below 1 has no median, or (--tokens_per_batch 0)
+  # stood for the default; a misspelt variant re-timed the baseline under its name;
+  # a bad --json path failed only after everything was timed.
+  for name in ("steps", "tokens_per_batch"):
+    if getattr(args, name) is not None and getattr(args, name) < 1:
+      p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+  names = (VARIANTS if args.variants == "all" else
+           [] if args.variants == "none" else list(filter(None, args.variants.split(","))))
+  unknown = [name for name in names if name not in VARIANTS]
+  if unknown:
+    p.error(f"--variants: no variant {unknown[0]!r} (variants: {', '.join(VARIANTS)}; "
+            "or all, or none)")
+  if args.json:
+    try:
+      check_output(args.json, "--json")
+    except ValueError as e:
+      p.error(str(e))
   size = dataclasses.replace(common.SIZES[args.size], dtype=args.dtype,
                              tokens_per_batch=args.tokens_per_batch
                              or common.SIZES[args.size].tokens_per_batch)
   examples = common.synthetic_examples(size)
   packed = common.timed_batches(size, examples, 1, batching="pack")[0]
   batch = packed if args.pack else common.timed_batches(size, examples, 1)[0]
-  names = (VARIANTS if args.variants == "all" else
-           [] if args.variants == "none" else args.variants.split(","))
   print(f"size {size.name}, batch {batch['targets'].shape}, "
         f"{common.batch_flops(size, batch) / 1e9:.1f} GFLOP a step", flush=True)
   results = {"batch_shape": list(batch["targets"].shape), "size": dataclasses.asdict(size)}

@@ -209,6 +209,31 @@ def test_profile_interleaves_a_variant_over_the_baseline_s_dtype_batch_and_packi
     assert r["step"] > 0 and r["target_tokens_per_s"] > 0
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--size", "bogus"], "argument --size: invalid choice: 'bogus'"),
+    (["--variants", "rbg,dropuot=0"], "--variants: no variant 'dropuot=0' (variants: "
+     "dropout=0, rbg, reference_attn, xla_attn, bfloat16, pack; or all, or none)"),
+    (["--steps", "0"], "--steps must be at least 1, got 0"),
+    (["--tokens_per_batch", "0"], "--tokens_per_batch must be at least 1, got 0"),
+    (["--json", "/nonexistent/p.json"],
+     "--json '/nonexistent/p.json': its folder '/nonexistent' does not exist"),
+    (["--json", "."], "--json '.': is a directory; give a file name"),
+])
+def test_profile_refuses_a_bad_flag_by_name_before_any_work(argv, message, capsys, monkeypatch):
+  """A misspelt variant re-timed the baseline under its name, --tokens_per_batch 0
+  stood for the default, and a bad --json path failed after the timing."""
+  from benchmarks import profile  # pylint: disable=g-import-not-at-top
+
+  def no_work(*args, **kwargs):
+    raise AssertionError("work started despite a bad flag")
+  monkeypatch.setattr(common, "synthetic_examples", no_work)
+  with pytest.raises(SystemExit) as stopped:
+    profile.main(["--size", "smoke"] + argv)
+  assert stopped.value.code == 2
+  err = capsys.readouterr().err.splitlines()[-1]
+  assert err.partition(": error: ")[2].startswith(message), err
+
+
 def test_config_sizes_are_the_paper_model_s_or_refused():
   """--config runs configs/base.py's model at a config's sizes: a config that also
   sets other model fields (the RNN) would be benchmarked as something else."""
