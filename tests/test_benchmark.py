@@ -401,3 +401,117 @@ def test_out_of_memory_in_a_size_names_the_batch_and_what_to_change(monkeypatch)
       RuntimeError("RESOURCE_EXHAUSTED: Out of memory"))
   assert run.out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying"))
   assert not run.out_of_memory(ValueError("a shape mismatch"))
+
+
+# benchmarks/decode_ab.py: flags and variants checked before any decoding, every
+# user error one line, and every timed run after an untimed warm-up.
+
+
+@pytest.fixture(scope="module")
+def decode_workdir(tmp_path_factory):
+  from tests.test_evaluate import trained_workdir  # pylint: disable=g-import-not-at-top
+  return trained_workdir(tmp_path_factory)
+
+
+def _decode_ab(monkeypatch, *argv):
+  """decode_ab's main on `argv`, read from sys.argv as the command reads it."""
+  from benchmarks import decode_ab  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys, "argv", ["decode_ab", *argv])
+  return decode_ab.main()
+
+
+def _no_decoding(monkeypatch):
+  from transformer import inference  # pylint: disable=g-import-not-at-top
+
+  def decoded(*args, **kwargs):
+    raise AssertionError("decoded despite a bad flag")
+  monkeypatch.setattr(inference, "decode_ids", decoded)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--runs", "0"], "--runs must be at least 1, got 0"),
+    (["--limit", "-5"], "--limit must be at least 1, got -5"),  # It sliced off the last 5.
+    (["--json", "/nonexistent/ab.json"],
+     "--json '/nonexistent/ab.json': its folder '/nonexistent' does not exist"),
+    (["--json", "."], "--json '.': is a directory; give a file name"),
+])
+def test_decode_ab_refuses_a_bad_flag_by_name_before_any_work(argv, message, decode_workdir,
+                                                              monkeypatch, capsys):
+  _no_decoding(monkeypatch)
+  with pytest.raises(SystemExit) as stopped:
+    _decode_ab(monkeypatch, "--workdir", decode_workdir, "--variant", "compact=0", *argv)
+  assert stopped.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workdir", "{tmp}/none"], "{tmp}/none/config.json not found: is '{tmp}/none' a "
+     "training workdir?"),
+    (["--split", "nosuch"], "SCAN has splits 'train' and 'test', not 'nosuch' (--split)"),
+    (["--checkpoint", "999"], "no checkpoint for step 999 in {workdir}/checkpoints"),
+    (["--checkpoint", "newest"], "checkpoint must be a step number or one of "),
+    (["--variant", "compact"], "--variant 'compact': 'compact' is not name=value"),
+    # A typo was decoded as the unchanged config and reported as a variant.
+    (["--variant", "compcat=2"], "--variant 'compcat=2': config.decode has no field 'compcat' "
+     "(fields: alpha, beam_size, compact, concurrent_batches, max_extra_len, refill, "
+     "tokens_per_batch)"),
+    (["--variant", "compact=two"], "--variant 'compact=two': compact='two': Could not "
+     "override field 'compact'"),
+    # Refused before the first variant decodes, not after.
+    (["--variant", "compact=-3"], "--variant 'compact=-3': compact must be >= 0, got -3"),
+    (["--variant", "concurrent_batches=0"], "--variant 'concurrent_batches=0': "
+     "config.decode.concurrent_batches=0: must be >= 1"),
+])
+def test_decode_ab_stops_on_a_user_error_in_one_line_before_decoding(
+    argv, message, decode_workdir, tmp_path, monkeypatch):
+  _no_decoding(monkeypatch)
+  flags = {"--workdir": decode_workdir, "--variant": "compact=0", "--limit": "20"}
+  flags.update(zip(argv[::2], argv[1::2]))
+  variants = ["--variant", "compact=0"] if "--variant" in argv else []
+  fill = lambda s: s.format(tmp=tmp_path, workdir=decode_workdir)
+  with pytest.raises(SystemExit) as stopped:
+    _decode_ab(monkeypatch, *variants, *[fill(a) for kv in flags.items() for a in kv])
+  assert str(stopped.value.code).startswith(f"decode_ab: error: {fill(message)}"), (
+      stopped.value.code)
+
+
+def test_decode_ab_accepts_a_current_decode_field_an_old_workdir_lacks():
+  """decode.compact came after some workdirs were trained: their config.json lacks
+  it, and an A/B of it on such a run is what the field exists for."""
+  from benchmarks import decode_ab  # pylint: disable=g-import-not-at-top
+  from configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config()
+  del config.decode["compact"]
+  varied = decode_ab.with_decode(config, {"compact": 2}, "compact=2")
+  assert varied.decode.compact == 2 and "compact" not in config.decode
+  with pytest.raises(ValueError, match="--variant 'compcat=2': config.decode has no field"):
+    decode_ab.with_decode(config, {"compcat": 2}, "compcat=2")
+
+
+def test_decode_ab_times_every_run_after_an_untimed_warm_up(decode_workdir, tmp_path,
+                                                            monkeypatch, capsys):
+  """The first decode of each variant is cold (the first variant's also compiles
+  what later ones reuse): it is a warm-up, reported apart, not one of the runs.
+  Each decode here reports 1 + its call number seconds, so which ones count shows."""
+  from transformer import inference  # pylint: disable=g-import-not-at-top
+  real, calls = inference.decode_ids, []
+
+  def numbered(*args, timings, **kwargs):
+    out = real(*args, timings=timings, **kwargs)
+    calls.append(len(calls))
+    timings["decode_seconds"] = float(len(calls))
+    timings["compile_seconds"] = 100.0 + len(calls)
+    return out
+  monkeypatch.setattr(inference, "decode_ids", numbered)
+  out = tmp_path / "ab.json"
+  _decode_ab(monkeypatch, "--workdir", decode_workdir, "--variant", "compact=0",
+             "--variant", "compact=0,compact=0", "--runs", "2", "--limit", "10",
+             "--json", str(out))
+  assert len(calls) == 6  # 2 warm-ups, then 2 runs of 2 variants.
+  rows = json.loads(out.read_text())["rows"]
+  n = 10
+  assert [r["sentences_per_second"] for r in rows] == [[n / 3, n / 5], [n / 4, n / 6]]
+  assert [r["warmup_sentences_per_second"] for r in rows] == [n / 1, n / 2]
+  assert [r["compile_seconds"] for r in rows] == [101.0, 102.0]
+  table = capsys.readouterr().out
+  assert "2 runs timed after a warm-up decode of each variant; outputs identical" in table
