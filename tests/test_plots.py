@@ -3,6 +3,7 @@ and the pictures are written as PNG files."""
 
 import math
 import os
+import stat
 import subprocess
 import sys
 
@@ -161,3 +162,24 @@ def test_positional_command_names_a_directory_out_and_an_oversized_table(tmp_pat
   with pytest.raises(ValueError, match="d_model x max_len = 409,600,000 values"):
     plots.plot_positional_encoding(4096, 100_000, str(tmp_path / "pe.png"))
   assert os.listdir(tmp_path) == []
+
+
+def test_a_plot_written_to_a_link_or_a_pipe_goes_through_it(tmp_path):
+  """plots and translate --plot_attention renamed their PNG over the path: a
+  symlink became a file (its target untouched), a device or pipe a file too."""
+  import threading  # pylint: disable=g-import-not-at-top
+  target = tmp_path / "real.png"
+  target.write_text("keep")
+  link = tmp_path / "link.png"
+  link.symlink_to(target)
+  fig = plots.plt.figure()
+  plots.save_figure(fig, str(link))
+  assert link.is_symlink() and target.read_bytes().startswith(b"\x89PNG")
+  pipe = tmp_path / "pipe"
+  os.mkfifo(pipe)
+  got = []
+  reader = threading.Thread(target=lambda: got.append(open(pipe, "rb").read()))
+  reader.start()
+  plots.save_figure(plots.plt.figure(), str(pipe))
+  reader.join(timeout=30)
+  assert got and got[0].startswith(b"\x89PNG") and stat.S_ISFIFO(os.stat(pipe).st_mode)

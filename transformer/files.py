@@ -65,7 +65,14 @@ def remove_dead_temporaries(directory: str) -> None:
 @contextlib.contextmanager
 def atomic_path(path):
   """Yields a temporary path to write; renames it to `path` if the block ends
-  normally, removes it if not."""
+  normally, removes it if not. A symlink is written through (its target is
+  replaced, the link kept), and a path that exists but is not a regular file (a
+  device, a pipe) is yielded itself: renaming over it would replace it."""
+  if os.path.islink(path):
+    path = os.path.realpath(path)
+  if os.path.exists(path) and not os.path.isfile(path):
+    yield path
+    return
   tmp = temporary_path(path)
   try:
     yield tmp

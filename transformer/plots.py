@@ -7,6 +7,7 @@ OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 """
 
 import functools
+import io
 import os
 import sys
 
@@ -95,10 +96,13 @@ def parse_head(head, num_heads):
 
 
 def save_figure(fig, path):
-  """Saves as PNG via a temporary file and a rename; closes the figure."""
+  """Saves as PNG (files.write_atomic: a temporary file and a rename, through a
+  symlink, straight into a device or pipe, which matplotlib's writer cannot
+  seek); closes the figure."""
   try:
-    with files.atomic_path(path) as tmp:
-      fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
+    files.write_atomic(path, png.getvalue())
   finally:
     plt.close(fig)
 
