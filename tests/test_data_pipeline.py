@@ -248,7 +248,8 @@ def test_tokenize_pairs_drop_truncate_and_empty():
 def test_iter_eval_counts_the_truncation_of_the_examples_it_keeps(monkeypatch):
   """--limit N: the stats are those of the first N examples, which are scored."""
   pairs = [('ab', 'c')] + [('abcdefgh', 'x')] * 5  # One short source, five over-long.
-  monkeypatch.setattr(data_lib.sources, 'iter_pairs', lambda config, split, chunk: iter([pairs]))
+  monkeypatch.setattr(data_lib.sources, 'iter_pairs',
+                      lambda config, split, chunk, field=None: iter([pairs]))
   config = ml_collections.ConfigDict({'max_length': 5})
   (examples, kept_pairs, stats), = data_lib.iter_eval(config, _CharTokenizer(), 'x', limit=1)
   assert (len(examples), kept_pairs, stats['truncated'], stats['total']) == (1, pairs[:1], 0, 1)

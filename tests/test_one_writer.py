@@ -312,10 +312,11 @@ def test_a_resume_stopped_by_its_checkpoints_leaves_the_workdirs_config(tmp_path
 
 def test_a_workdir_with_nothing_trained_takes_the_new_runs_config(tmp_path):
   """A first run stopped before its vocabulary left config.json alone; a rerun
-  with another vocab_size trained the vocabulary, then stopped on a bad eval
-  split, and kept the first config.json, which then refused the corrected
-  command (data.vocab_size) and misrecorded the vocabulary. With nothing trained
-  in the workdir, the rerun's config.json replaces it at start."""
+  with another vocab_size stopped on a bad eval split and kept the first
+  config.json, which then refused the corrected command (data.vocab_size) and
+  misrecorded the vocabulary trained next. With nothing trained in the workdir,
+  the rerun's config.json replaces it at start (and the bad split is found
+  before the vocabulary is trained: none is left)."""
   first = tiny_experiment(tmp_path / "tfds")
   first.data.vocab_size = 40
   workdir = str(tmp_path / "w")
@@ -325,7 +326,7 @@ def test_a_workdir_with_nothing_trained_takes_the_new_runs_config(tmp_path):
   rerun.data.eval_split = "validation"  # SCAN has none: stops after the vocabulary.
   with pytest.raises(ValueError, match="validation"):
     training.train_and_evaluate(rerun, workdir)
-  assert os.path.exists(os.path.join(workdir, "spm.model"))
+  assert not os.path.exists(os.path.join(workdir, "spm.model"))
   assert workdir_lib.load_config(workdir).data.vocab_size == rerun.data.vocab_size
   workdir_lib.check_resume_config(workdir, tiny_experiment(tmp_path / "tfds"))  # Accepted.
 
