@@ -29,11 +29,10 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   from transformer import runtime
   runtime.use_fast_malloc()
 
-from benchmarks.table1 import check_output  # pylint: disable=g-import-not-at-top
 from configs import base as base_config  # pylint: disable=g-import-not-at-top
 from transformer import config as config_lib  # pylint: disable=g-import-not-at-top
 from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
-from transformer import evaluate, inference, runtime  # pylint: disable=g-import-not-at-top
+from transformer import evaluate, files, inference, runtime  # pylint: disable=g-import-not-at-top
 from transformer import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
 
 
@@ -118,7 +117,7 @@ def main(argv=None):
       parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
   if args.json:
     try:
-      check_output(args.json, "--json")
+      files.check_output(args.json, "--json")
     except ValueError as e:
       parser.error(str(e))
   with runtime.one_line_errors("decode_ab"):

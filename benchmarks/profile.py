@@ -42,8 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # pylint: disable=g-import-not-at-top
 
 from benchmarks import common
-from benchmarks.table1 import check_output
-from transformer import attention, runtime, sharding, state as state_lib, training
+from transformer import attention, files, runtime, sharding, state as state_lib, training
 
 VARIANTS = ("dropout=0", "rbg", "reference_attn", "xla_attn", "bfloat16", "pack")
 
@@ -198,7 +197,7 @@ def main(argv=None):
             "or all, or none)")
   if args.json:
     try:
-      check_output(args.json, "--json")
+      files.check_output(args.json, "--json")
     except ValueError as e:
       p.error(str(e))
   size = dataclasses.replace(common.SIZES[args.size], dtype=args.dtype,

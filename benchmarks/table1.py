@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import common
-from transformer import attention, runtime
+from transformer import attention, files, runtime
 
 PAPER = {  # Table 1: complexity per layer, sequential operations, maximum path length.
     "self-attention": ("O(n^2 d)", "O(1)", "O(1)"),
@@ -244,17 +244,6 @@ def plot(results, path):
   plt.close(fig)
 
 
-def check_output(path, flag):
-  """A ValueError for an output file that cannot be written (its folder missing, or a
-  directory at its path), in translate's --output words: callers check before any
-  work, so that a bad path does not throw away what the run measured."""
-  folder = os.path.dirname(os.path.abspath(path))
-  if os.path.isdir(path):
-    raise ValueError(f"{flag} {path!r}: is a directory; give a file name")
-  if not os.path.isdir(folder):
-    raise ValueError(f"{flag} {path!r}: its folder {folder!r} does not exist")
-
-
 def ints(text):
   """'16,32' -> [16, 32] (argparse names the function in its error)."""
   return [int(v) for v in text.split(",")]
@@ -293,7 +282,7 @@ def main(argv=None):
   for flag in ("json", "plot"):
     try:
       if getattr(args, flag):
-        check_output(getattr(args, flag), f"--{flag}")
+        files.check_output(getattr(args, flag), f"--{flag}")
     except ValueError as e:
       p.error(str(e))
 

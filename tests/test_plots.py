@@ -145,7 +145,8 @@ def test_positional_command_writes_png(tmp_path):
       timeout=120)
   assert result.returncode == 1 and "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
-      f"plots: error: --out {missing!r}: no such directory")
+      f"plots: error: --out {missing!r}: its folder "
+      f"{os.path.dirname(missing)!r} does not exist")
 
 
 def test_positional_command_names_a_directory_out_and_an_oversized_table(tmp_path):
@@ -157,7 +158,7 @@ def test_positional_command_names_a_directory_out_and_an_oversized_table(tmp_pat
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
   assert result.returncode == 1 and "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == (
-      f"plots: error: --out {str(tmp_path)!r} is a directory: name the PNG file to write")
+      f"plots: error: --out {str(tmp_path)!r}: is a directory; give a file name")
   assert os.listdir(tmp_path) == []
   with pytest.raises(ValueError, match="d_model x max_len = 409,600,000 values"):
     plots.plot_positional_encoding(4096, 100_000, str(tmp_path / "pe.png"))

@@ -100,6 +100,17 @@ class BusyError(runtime.CommandError):
   """Another run is writing the same output file."""
 
 
+def check_output(path: str, flag: str) -> None:
+  """A ValueError naming `flag` for an output file that cannot be written (a
+  directory at its path, or its folder missing): commands check before any
+  work, so that a bad path does not throw away what they computed."""
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r}: is a directory; give a file name")
+  if not os.path.isdir(folder):
+    raise ValueError(f"{flag} {path!r}: its folder {folder!r} does not exist")
+
+
 def writes_through_partial(path: str) -> bool:
   """Whether `path` is written as `path`.partial and renamed: a regular file or
   a new name. A symlink, a device (/dev/null) or a pipe (/dev/fd/N) is written

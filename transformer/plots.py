@@ -8,7 +8,6 @@ OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 
 import functools
 import io
-import os
 import sys
 
 from absl import app
@@ -175,10 +174,7 @@ def main(argv):
   runtime.quiet_library_logs()
   f = flags.FLAGS
   try:
-    if not os.path.isdir(os.path.dirname(os.path.abspath(f.out))):
-      raise FileNotFoundError(f"--out {f.out!r}: no such directory")
-    if os.path.isdir(f.out):
-      raise IsADirectoryError(f"--out {f.out!r} is a directory: name the PNG file to write")
+    files.check_output(f.out, "--out")
     plot_positional_encoding(f.d_model, f.max_len, f.out)
   except (OSError, ValueError) as e:
     sys.exit(f"plots: error: {e}")

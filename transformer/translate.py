@@ -181,10 +181,7 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
   written = [(path, "--output") for path in outputs] + (
       [(plot_attention, "--plot_attention")] if plot_attention else [])
   for path, flag in written:
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder):
-      raise ValueError(f"{flag} {path!r}: " + ("is a directory; give a file name"
-                       if os.path.isdir(path) else f"its folder {folder!r} does not exist"))
+    files.check_output(path, flag)
   try:
     source = os.stat(input_path) if input_path != "-" else os.fstat(sys.stdin.fileno())
   except (OSError, ValueError):  # No stdin (closed): nothing it could be.
