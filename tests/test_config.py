@@ -67,6 +67,13 @@ def test_summary_command_prints_total_last():
   assert bad.returncode == 1 and "Traceback" not in bad.stderr
   assert bad.stderr.strip().splitlines()[-1].startswith(
       "summary: error: config.model.num_heads=7: d_model=512 must be divisible")
+  # Checked as train.py checks it: the field given, not the one derived from it
+  # (model.input_vocab_size), and a value training refuses is not counted.
+  bad = subprocess.run([sys.executable, "-m", "transformer.summary", "--config",
+                        "configs/base.py", "--config.data.vocab_size=3"],
+                       capture_output=True, text=True)
+  assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith(
+      "summary: error: config.data.vocab_size=3: must be > 4"), bad.stderr[-2000:]
 
 
 def test_importing_the_library_defines_no_command_line_flags():

@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 from transformer import runtime
 from transformer import workdir as workdir_lib
-from transformer.config import model_config
+from transformer.config import check_config, model_config
 from transformer.state import make_model
 
 def parameter_shapes(cfg):
@@ -66,6 +66,7 @@ def main(argv):
       vocab_size = workdir_lib.load_tokenizer(workdir, config).vocab_size
       print(f"Embeddings at the trained vocabulary of {workdir}: {vocab_size} ids")
     else:
+      check_config(config)  # As train.py does: a field named as given, not as derived.
       vocab_size = 0
       print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
             "vocabulary can hold fewer: --workdir counts a trained model)")
