@@ -184,3 +184,19 @@ def test_a_plot_written_to_a_link_or_a_pipe_goes_through_it(tmp_path):
   plots.save_figure(plots.plt.figure(), str(pipe))
   reader.join(timeout=30)
   assert got and got[0].startswith(b"\x89PNG") and stat.S_ISFIFO(os.stat(pipe).st_mode)
+
+
+def test_the_image_format_follows_the_suffix_and_an_unknown_one_is_refused(tmp_path):
+  """--out pe.svg was written as PNG bytes under an .svg name."""
+  from transformer import translate  # pylint: disable=g-import-not-at-top
+  svg = tmp_path / "pe.svg"
+  plots.plot_positional_encoding(8, 4, str(svg))
+  assert svg.read_bytes().startswith(b"<?xml")
+  assert plots.figure_format(str(tmp_path / "no_suffix")) == "png"
+  with pytest.raises(ValueError, match=r"--out '.*pe\.xyz': matplotlib writes no \.xyz files; "
+                     r"use one of .*\.png"):
+    plots.figure_format(str(tmp_path / "pe.xyz"))
+  source = tmp_path / "in.txt"
+  source.write_text("walk\n")
+  with pytest.raises(ValueError, match=r"--plot_attention '.*att\.xyz': matplotlib writes no"):
+    translate.check_paths(str(source), "-", str(tmp_path / "att.xyz"))

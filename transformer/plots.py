@@ -8,6 +8,7 @@ OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 
 import functools
 import io
+import os
 import sys
 
 from absl import app
@@ -94,14 +95,28 @@ def parse_head(head, num_heads):
   return index
 
 
+def figure_format(path, flag="--out") -> str:
+  """The image format of `path`'s suffix (PNG without one: a device, a pipe), or
+  a ValueError naming `flag` for a suffix matplotlib does not write (an .svg
+  was written as PNG bytes): checked before any work."""
+  suffix = os.path.splitext(path)[1][1:].lower()
+  if not suffix:
+    return "png"
+  known = matplotlib.figure.Figure().canvas.get_supported_filetypes()
+  if suffix not in known:
+    raise ValueError(f"{flag} {path!r}: matplotlib writes no .{suffix} files; use one of "
+                     f"{', '.join('.' + k for k in sorted(known))}")
+  return suffix
+
+
 def save_figure(fig, path):
-  """Saves as PNG (files.write_atomic: a temporary file and a rename, through a
-  symlink, straight into a device or pipe, which matplotlib's writer cannot
-  seek); closes the figure."""
+  """Saves in figure_format(path) (files.write_atomic: a temporary file and a
+  rename, through a symlink, straight into a device or pipe, which matplotlib's
+  writers cannot seek); closes the figure."""
   try:
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
-    files.write_atomic(path, png.getvalue())
+    image = io.BytesIO()
+    fig.savefig(image, format=figure_format(path), dpi=100, bbox_inches="tight")
+    files.write_atomic(path, image.getvalue())
   finally:
     plt.close(fig)
 
@@ -175,6 +190,7 @@ def main(argv):
   f = flags.FLAGS
   try:
     files.check_output(f.out, "--out")
+    figure_format(f.out)
     plot_positional_encoding(f.d_model, f.max_len, f.out)
   except (OSError, ValueError) as e:
     sys.exit(f"plots: error: {e}")
@@ -184,5 +200,6 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_integer("d_model", 512, "Model width (even).")
   flags.DEFINE_integer("max_len", 100, "Positions to draw.")
-  flags.DEFINE_string("out", None, "PNG file to write.", required=True)
+  flags.DEFINE_string("out", None, "Image file to write (.png; .svg, .pdf and the other "
+                      "suffixes matplotlib writes).", required=True)
   app.run(main)

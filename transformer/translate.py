@@ -182,6 +182,8 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
       [(plot_attention, "--plot_attention")] if plot_attention else [])
   for path, flag in written:
     files.check_output(path, flag)
+  if plot_attention:
+    plots.figure_format(plot_attention, "--plot_attention")
   try:
     source = os.stat(input_path) if input_path != "-" else os.fstat(sys.stdin.fileno())
   except (OSError, ValueError):  # No stdin (closed): nothing it could be.
