@@ -251,8 +251,7 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
   metric = metrics_lib.main_metric(config.data.dataset)
   # At the trained vocabulary's size, as the model has it; where the workdir
   # holds none, at data.vocab_size (the table's notes name those rows).
-  vocabulary = config.data.get("vocab_path") or os.path.join(variant_dir, "spm.model")
-  has_vocabulary = os.path.exists(vocabulary)
+  has_vocabulary = os.path.exists(workdir_lib.vocabulary_path(variant_dir, config))
   vocab_size = workdir_lib.load_tokenizer(variant_dir, config).vocab_size if (
       has_vocabulary) else 0
   row["parameters"] = count_parameters(config, vocab_size)
