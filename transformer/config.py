@@ -385,13 +385,22 @@ def quiet_loading():
     yield
 
 
+def config_flag(base: str, overrides=(), flag: str = "config"):
+  """(argv, FlagValues) of `train.py --<flag> base --<flag>.<override> ...`: the
+  ml_collections config-file flag on a private FlagValues, so nothing global
+  changes. Parse them with flag_values(argv) (typed errors) or runtime.parse_flags
+  (a command's one-line errors)."""
+  argv = ["config", f"--{flag}={base}"] + [f"--{flag}.{o}" for o in overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file(flag, None, "Base config.", flag_values=flag_values,
+                                  lock_config=True, sys_argv=argv)
+  return argv, flag_values
+
+
 def load_file(base: str, overrides=()):
   """The ConfigDict of `train.py --config base --config.<override> ...`, parsed by
-  the same ml_collections flag (a private FlagValues, so nothing global changes)."""
-  argv = ["config", f"--config={base}"] + [f"--config.{o}" for o in overrides]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "Base config.", flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)
+  the same ml_collections flag."""
+  argv, flag_values = config_flag(base, overrides)
   with quiet_loading():
     flag_values(argv)
     config = flag_values.config

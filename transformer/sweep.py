@@ -66,11 +66,10 @@ from typing import Optional
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from transformer import results, runtime, sweep_run
 from transformer import workdir as workdir_lib
-from transformer.config import check_config, load_file, quiet_loading, unread_overrides
+from transformer.config import check_config, config_flag, load_file, quiet_loading, unread_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -155,10 +154,7 @@ def _load_base(base: str, where: str):
   --config, as the sweep file's BASE is train.py's): a file that does not load or
   builds no config is a ValueError of one line, not ml_collections' traceback."""
   flag, prefix = ("base", "") if where == "--base" else ("config", f"{where}: ")
-  argv = ["sweep", f"--{flag}={base}"]
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file(flag, None, "Base config.", flag_values=flag_values,
-                                  lock_config=True, sys_argv=argv)
+  argv, flag_values = config_flag(base, flag=flag)
   try:
     with quiet_loading():
       runtime.parse_flags(argv, "sweep", config_flag=flag, flag_values=flag_values)
