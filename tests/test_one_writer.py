@@ -259,6 +259,30 @@ def test_a_vocabulary_alone_fixes_only_the_vocabularys_fields(tmp_path):
     workdir_lib.check_resume_config(workdir, corrected)
 
 
+def test_a_vocabulary_alone_fixes_where_its_text_was_read(tmp_path):
+  """A vocabulary trained on one directory's text, then a rerun pointed at
+  another: the files there may be another corpus, which the vocabulary would
+  serve silently. The same directory spelt otherwise passes; with checkpoints
+  the text may move (their data position checks the rows)."""
+  config = tiny_experiment(tmp_path / "tfds")
+  config.data.dataset = "parallel_text"
+  (tmp_path / "corpus").mkdir()
+  config.data.text_dir = str(tmp_path / "corpus")
+  workdir = _trained_looking_workdir(tmp_path, config, checkpoint=False)
+  rerun = tiny_experiment(tmp_path / "tfds")
+  rerun.data.dataset = "parallel_text"
+  rerun.data.text_dir = str(tmp_path / "corpus" / ".." / "corpus") + "/"
+  workdir_lib.check_resume_config(workdir, rerun)
+  rerun.data.text_dir = str(tmp_path / "other")
+  with pytest.raises(workdir_lib.ConfigMismatchError,
+                     match=r"data.text_dir '.*corpus' -> '.*other' \(the vocabulary was trained "
+                     r"on the text there\)\. Rerun .*, or delete .*spm.model \(no checkpoint "
+                     r"uses it yet\) to train a new vocabulary\.$"):
+    workdir_lib.check_resume_config(workdir, rerun)
+  (tmp_path / "w" / "checkpoints" / "3").mkdir(parents=True)
+  workdir_lib.check_resume_config(workdir, rerun)
+
+
 def test_checkpoints_without_their_config_or_vocabulary_stop_the_run(tmp_path):
   """A workdir's checkpoints without its config.json could not be checked
   against the config (and a new config.json would record the wrong one); without

@@ -66,6 +66,18 @@ SCORE_FIELDS = ("train.decode_mode", "train.decode_examples", "data.eval_split",
 VOCABULARY_TEXT = ("data.dataset", "data.source_lang", "data.target_lang", "data.train_split")
 
 
+def _text_moved(saved: dict, config) -> list:
+  """data.text_dir, where a 'parallel_text' vocabulary's text was read, now another
+  directory, as a change (field, old, new, why): its files may be another corpus.
+  (Checkpoints may follow moved text; their data position checks the rows.)"""
+  old, new = saved.get("data", {}).get("text_dir"), config.data.get("text_dir")
+  if config.data.dataset != "parallel_text" or not old or not new:
+    return []
+  if os.path.realpath(old) == os.path.realpath(new):  # The same place, spelt otherwise.
+    return []
+  return [("data.text_dir", old, new, "the vocabulary was trained on the text there")]
+
+
 def holds_training(workdir: str) -> bool:
   """Whether `workdir` holds what a config.json describes: a vocabulary or checkpoints."""
   return (os.path.isfile(os.path.join(workdir, tokenizer_lib.MODEL_FILENAME))
@@ -78,7 +90,7 @@ def check_resume_config(workdir: str, config) -> None:
   naming each such field; logs the fields that may change (num_steps, cadences).
   A workdir without vocabulary or checkpoints yet has nothing to disagree with;
   one with a vocabulary alone (a run that stopped before its first checkpoint)
-  only its vocabulary's fields. Checkpoints without the config.json or the
+  only its vocabulary's fields and where its text is. Checkpoints without the config.json or the
   vocabulary they were trained with stop it too."""
   vocabulary = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
   checkpoint_dir = os.path.join(workdir, CHECKPOINT_DIRS["latest"])
@@ -104,11 +116,14 @@ def check_resume_config(workdir: str, config) -> None:
   if not has_checkpoints:
     fixed = [change for change in fixed
              if change[3] == config_lib.VOCABULARY_REASON or change[0] in VOCABULARY_TEXT]
+    fixed += _text_moved(saved, config)
   if fixed:
+    untrained = "" if has_checkpoints else (
+        f", or delete {vocabulary} (no checkpoint uses it yet) to train a new vocabulary")
     raise ConfigMismatchError(
         f"workdir {workdir} was trained with another config, and these fields cannot "
         "change on resume: " + "; ".join(f"{f} {o!r} -> {n!r} ({why})" for f, o, n, why in fixed)
-        + ". Rerun with the workdir's values (its config.json) or use a new --workdir.")
+        + f". Rerun with the workdir's values (its config.json) or use a new --workdir{untrained}.")
   if free:
     logging.info("Resuming %s with changed fields: %s", workdir,
                  "; ".join(f"{f} {o!r} -> {n!r}" for f, o, n in free))
