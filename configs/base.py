@@ -51,7 +51,7 @@ def get_config():
   data.tfds_data_dir = ml_collections.config_dict.placeholder(str)  # None: TFDS default.
   data.train_split = "train"  # Split to train on.
   data.eval_split = "validation"  # Split for evaluation during training (newstest2013).
-  data.test_split = "test"  # Split reported once at the end (newstest2014).
+  data.test_split = "test"  # newstest2014: evaluate's default split, sweep --collect's test column.
   data.vocab_path = ml_collections.config_dict.placeholder(str)  # SentencePiece model; None: train one.
   data.vocab_type = "bpe"  # SentencePiece model type: bpe | unigram | word.
   data.vocab_size = 37000  # Shared source/target vocabulary size (5.1).

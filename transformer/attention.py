@@ -4,8 +4,8 @@ The score of a query against a key is config.model.attention_score: the
 paper's scaled dot product, or for ablations the unscaled dot product, Luong's
 general or Bahdanau's additive score (`attention_scores`).
 
-Shapes: B batch, T query length, S key length, H heads, K head dim (d_k = d_v),
-D model width. Masks are boolean, True where attention is allowed, and have
+Shapes: B batch, T query length, S key length, H heads, K head dim (d_k; Kv,
+d_v, where config.d_k makes them differ), D model width, J beams of an item. Masks are boolean, True where attention is allowed, and have
 shape [B, 1, T, S] (or broadcast to it): the 1 is the head axis.
 """
 
@@ -97,7 +97,7 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_
   and the only path for the additive and general scores.
 
   With heads_major, keys and values are [B, H, S, K], as the decoding cache keeps
-  them: the dots then read the cache in place, where the [B, S, H, K] layout made
+  them: the dots then read the cache in place, where the [B, S, H, K] layout makes
   XLA transpose (copy) the whole cache at every step, about half of a beam-search
   step on a CPU.
   """

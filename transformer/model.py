@@ -401,7 +401,7 @@ class TransformerDecoding(ModuleDecoding):
     return traverse_util.unflatten_dict({k: grow(k, v) for k, v in flat.items()})
 
   def beams(self, cache, beam_size):
-    """Adds the decoder's lineage, [N, K, steps] bool (attention.beam_attention):
+    """Adds the decoder's lineage, [N, J, steps] bool (J beams) (attention.beam_attention):
     beam search then reorders it instead of the keys and values. The keys and
     values are then held in the compute dtype (where attention.self_cache_dtype
     made them float32, bfloat16 beam search is faster with them 16-bit), the
@@ -462,13 +462,13 @@ class TransformerDecoding(ModuleDecoding):
     flat[("decoder", "start")] = put(flat[("decoder", "start")], flat[("decoder", "step")])
     return context, traverse_util.unflatten_dict(flat)
 
-  def reorder(self, cache, parent_BxK):
+  def reorder(self, cache, parent_BxJ):
     flat = traverse_util.flatten_dict(cache)
     if ("decoder", "lineage") not in flat:
-      return decode.gather_beams(cache, parent_BxK)
+      return decode.gather_beams(cache, parent_BxJ)
     # The keys and values stay in their slots; the lineage says whose they are.
     moved = {k: v for k, v in flat.items() if k[-1] not in ("cached_key", "cached_value")}
-    return traverse_util.unflatten_dict({**flat, **decode.gather_beams(moved, parent_BxK)})
+    return traverse_util.unflatten_dict({**flat, **decode.gather_beams(moved, parent_BxJ)})
 
 
 def _transposed(key):

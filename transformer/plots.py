@@ -97,8 +97,8 @@ def parse_head(head, num_heads):
 
 def figure_format(path, flag="--out") -> str:
   """The image format of `path`'s suffix (PNG without one: a device, a pipe), or
-  a ValueError naming `flag` for a suffix matplotlib does not write (an .svg
-  was written as PNG bytes): checked before any work."""
+  a ValueError naming `flag` for a suffix matplotlib does not write: checked
+  before any work, so that no file gets bytes of another format than its name says."""
   suffix = os.path.splitext(path)[1][1:].lower()
   if not suffix:
     return "png"

@@ -76,7 +76,7 @@ def allowed(logits_NxV: Array, bos_id: int, eos_id: int) -> Array:
   token of a sentence, yet an undertrained model can rank them first, and then
   lengths and the length penalty count them. A NaN (a diverged model) would win
   an argmax. BOS stays allowed where it is also the EOS. (A row with nothing
-  left, every logit NaN, gets argmax's token 0, PAD, as before.)
+  left, every logit NaN, gets argmax's token 0, PAD.)
   """
   ids_1xV = jnp.arange(logits_NxV.shape[-1])[None, :]
   banned_1xV = (ids_1xV == PAD_ID) | ((ids_1xV == bos_id) & (bos_id != eos_id))

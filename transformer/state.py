@@ -1,5 +1,6 @@
 """The training state and how it is built: what training, inference and restoring a
-workdir share (config -> model -> state; nothing here knows of data or decoding)."""
+workdir share (config -> model -> state; nothing here knows of data, and of decoding
+only which contract each architecture's model implements: `decoding`)."""
 
 from typing import Callable, NamedTuple
 

@@ -313,8 +313,8 @@ if __name__ == "__main__":
   evaluate.define_decode_flags(DECODE_MODES, "beam")
   flags.DEFINE_string("input", "-", "Sentences, one a line; '-' reads stdin.")
   flags.DEFINE_string("output", "-", "Translations, one a line; '-' writes stdout.")
-  flags.DEFINE_string("plot_attention", None, "PNG file for the attention heatmap of the "
-                      "first non-empty input line.")
+  flags.DEFINE_string("plot_attention", None, "Image file for the attention heatmap of the "
+                      "first non-empty input line (its format from the suffix: .png, .svg, .pdf, ...).")
   flags.DEFINE_integer("layer", -1, "Decoder layer to plot (-1: the last).")
   flags.DEFINE_string("head", "all", "all (one panel per head) | avg | a head number.")
   flags.DEFINE_integer("seed", 0, "Sampling seed (--mode sample).", lower_bound=0,

@@ -1,4 +1,4 @@
-"""The reduced Table 3 run on the 2-core CPU (README, "Table 3 on Multi30k"): one
+"""The reduced Table 3 run on the 2-core CPU (README, "Sweeps"): one
 or two rows of each of the paper's groups, and the three other attention scores.
 
   python -m transformer.sweep --sweep configs/sweeps/table3_cpu.py --workdir runs/table3_cpu \
