@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers import MULTI30K, ROOT, fake_workdir, write_sweep
 from transformer import results, sweep as sweep_lib, sweep_run
+from transformer import workdir as workdir_lib
 
 
 def test_a_damaged_status_or_evaluation_file_is_named_and_left_blank(tmp_path, caplog):
@@ -105,7 +106,7 @@ def test_an_evaluation_of_an_average_or_best_replaced_at_its_own_step_is_left_bl
   _save_average(variant_dir, [8, 10])  # The average it scored: its figures.
   row = results.variant_row(sweep.variants[0], variant_dir, checkpoint="averaged")
   assert (row["dev_perplexity"], row["dev_bleu_greedy"]) == (6.13, 9.5)
-  assert results.checkpoint_identity(variant_dir, "averaged", "bleu") == of_two
+  assert workdir_lib.checkpoint_identity(variant_dir, "averaged", "bleu") == of_two
 
   # An evaluation of the best checkpoint of step 10 whose score was 12.0; the
   # kept best of step 10 now is a better one.

@@ -26,7 +26,6 @@ import jax.numpy as jnp
 from transformer import checkpoints, distributed, lock
 from transformer import workdir as workdir_lib
 
-SUMMARY = "averaged.json"
 
 
 def mean_params(param_trees):
@@ -143,7 +142,7 @@ def _average(workdir, last, mesh):
   # process 0 renames the staging directory away from a slower one's check.
   distributed.barrier("average_checkpoints written")
   if jax.process_index() == 0:
-    with open(os.path.join(staging, SUMMARY), "w") as f:
+    with open(os.path.join(staging, workdir_lib.AVERAGED_RECORD), "w") as f:
       json.dump({"step": chosen[-1], "averaged_steps": chosen, "last": last}, f)
     _replace_dir(staging, final)
   return chosen[-1], chosen

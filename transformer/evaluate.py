@@ -50,7 +50,7 @@ from absl import logging
 import jax
 
 from transformer import data as data_lib
-from transformer import decode, distributed, files, inference, results, runtime, training
+from transformer import decode, distributed, files, inference, runtime, training
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 from transformer.config import REFILLING_ARCHITECTURES, SCORED_DECODE_MODES
@@ -137,9 +137,9 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   # Which best or average it is (a later one takes the name, at any step): read
   # before and after the restore, so that the record is of the state scored.
   metric = metrics_lib.main_metric(config.data.dataset)
-  identity = results.checkpoint_identity(workdir, checkpoint, metric)
+  identity = workdir_lib.checkpoint_identity(workdir, checkpoint, metric)
   restored = workdir_lib.restore(workdir, checkpoint)
-  if identity != results.checkpoint_identity(workdir, checkpoint, metric, restored.step):
+  if identity != workdir_lib.checkpoint_identity(workdir, checkpoint, metric, restored.step):
     raise runtime.CommandError(f"the {checkpoint} checkpoint of {workdir} was replaced while "
                                "evaluate read it: rerun")
   eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
@@ -182,7 +182,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
                       config.data.max_length)
     result = {
         "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
-        "step": int(restored.step), results.IDENTITY_KEY: identity,
+        "step": int(restored.step), workdir_lib.IDENTITY_KEY: identity,
         "dataset": config.data.dataset, "split": split,
         "limit": limit, "mode": mode,
         "beam_size": beam_size if mode == "beam" else None,

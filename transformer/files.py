@@ -3,10 +3,12 @@ the same directory, renamed over the target only once it is complete."""
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
 import socket
+from typing import Optional
 
 from absl import logging
 
@@ -157,3 +159,18 @@ def close_partial(out, path: str) -> None:
   if out.tell() == 0 and ours:
     os.remove(partial)
   out.close()
+
+
+def read_json_object(path: str) -> Optional[dict]:
+  """A JSON file's object; None, with a warning naming the file, where it is
+  damaged: its reader goes on without it (a table leaves its figures blank)."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    logging.warning("Skipping %s: not valid JSON (%s).", path, e)
+    return None
+  if not isinstance(value, dict):
+    logging.warning("Skipping %s: a %s, not a JSON object.", path, type(value).__name__)
+    return None
+  return value

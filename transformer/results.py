@@ -29,7 +29,7 @@ from typing import Optional
 from absl import logging
 import jax
 
-from transformer import average_checkpoints, checkpoints, files, metrics as metrics_lib, summary
+from transformer import checkpoints, files, metrics as metrics_lib, summary
 from transformer import workdir as workdir_lib
 from transformer.config import model_config, same_recipe
 
@@ -46,24 +46,9 @@ def count_parameters(config, vocab_size: int = 0) -> int:
   return sum(x.size for x in jax.tree.leaves(shapes))
 
 
-def _read_json(path: str) -> Optional[dict]:
-  """A JSON file's object; None, with a warning naming the file, where it is
-  damaged: one bad file leaves its figures blank instead of stopping the table."""
-  try:
-    with open(path) as f:
-      value = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    logging.warning("Skipping %s: not valid JSON (%s).", path, e)
-    return None
-  if not isinstance(value, dict):
-    logging.warning("Skipping %s: a %s, not a JSON object.", path, type(value).__name__)
-    return None
-  return value
-
-
 def read_status(variant_dir: str) -> Optional[dict]:
   path = os.path.join(variant_dir, STATUS_FILE)
-  return _read_json(path) if os.path.exists(path) else None
+  return files.read_json_object(path) if os.path.exists(path) else None
 
 
 def read_statuses(workdir: str) -> dict:
@@ -134,56 +119,6 @@ def last_scalars(variant_dir: str, tags) -> dict:
 
 
 TABLE_FILES = ("results.md", "results.csv")  # Beside the variants' workdirs.
-REPLACEABLE = ("best", "averaged")  # Checkpoint names that a later save gives to another state.
-IDENTITY_KEY = "checkpoint_identity"  # evaluate's record of which one it scored.
-
-
-def _saved_metrics(directory: str, step: int) -> Optional[dict]:
-  """The metrics saved with a best checkpoint (what made it best); None where unreadable."""
-  try:
-    value = checkpoints.saved_metrics(directory, step)
-  except Exception:  # pylint: disable=broad-except  # Orbax's reader: any error is unreadable.
-    return None
-  return value if isinstance(value, dict) and value else None
-
-
-def checkpoint_identity(workdir: str, checkpoint: str, metric: str,
-                        step: Optional[int] = None) -> Optional[dict]:
-  """What tells the `best` or `averaged` checkpoint of `workdir` from another
-  that has since taken its name, at any step, its own included (None for other
-  names, whose step says it, and where it cannot be read):
-    averaged  {"step", "averaged_steps"}: average_checkpoints' averaged.json (an
-              average of --last 2 and one of --last 5 share their newest step);
-    best      {"step", "metrics"}: the score saved with it (`metric` the one that
-              ranks them), which a replacement of the same step beats.
-  `step`: the one restored (evaluate), else the one a restore would read first.
-  evaluate records it; results.evaluation skips a JSON whose identity is not the
-  current checkpoint's."""
-  if checkpoint not in REPLACEABLE:
-    return None
-  try:
-    directory, _ = workdir_lib.checkpoint_location(workdir, checkpoint)
-  except FileNotFoundError:  # A best checkpoint being replaced.
-    return None
-  if checkpoint == "averaged":
-    path = os.path.join(directory, average_checkpoints.SUMMARY)
-    recorded = _read_json(path) if os.path.exists(path) else None
-    averaged = (recorded or {}).get("averaged_steps")
-    if (not isinstance(averaged, list) or not averaged
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in averaged)
-        or step not in (None, averaged[-1])
-        or averaged[-1] not in checkpoints.complete_steps(directory)):
-      return None
-    return {"step": averaged[-1], "averaged_steps": averaged}
-  steps = checkpoints.complete_steps(directory)
-  if step is None and steps:  # The one a restore tries first.
-    step = checkpoints.best_first(directory, steps, metric)[0]
-  saved = _saved_metrics(directory, step) if step in steps else None
-  if saved is None:
-    return None
-  return {"step": step, "metrics": saved}
-
-
 def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
                steps: Optional[int]) -> Optional[dict]:
   """The newest evaluate JSON of the whole `split` with `mode` for `checkpoint`
@@ -194,11 +129,11 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
   identity (evaluate before it recorded one): which average or best it scored
   is unknown, and a warning names it."""
   found = []
-  replaceable = checkpoint in REPLACEABLE
-  current = checkpoint_identity(variant_dir, checkpoint,
+  replaceable = checkpoint in workdir_lib.REPLACEABLE
+  current = workdir_lib.checkpoint_identity(variant_dir, checkpoint,
                                 metrics_lib.main_metric(config.data.dataset))
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
-    result = _read_json(path)
+    result = files.read_json_object(path)
     if result is None:
       continue
     if (result.get("split") != split or result.get("mode") != mode or result.get("limit")
@@ -211,11 +146,11 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
       continue
     if checkpoint == "latest" and steps is not None and result.get("step") != steps:
       continue
-    if replaceable and IDENTITY_KEY not in result:
+    if replaceable and workdir_lib.IDENTITY_KEY not in result:
       logging.warning("Skipping %s: it does not record which %s checkpoint it scored (an "
                       "older evaluate); rerun evaluate to fill its figure.", path, checkpoint)
       continue
-    if replaceable and (current is None or result[IDENTITY_KEY] != current):
+    if replaceable and (current is None or result[workdir_lib.IDENTITY_KEY] != current):
       continue  # Of a best or average that a later one has replaced.
     found.append((os.path.getmtime(path), path, result))
   return max(found)[2] if found else None

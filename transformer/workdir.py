@@ -12,7 +12,7 @@ import glob
 import hashlib
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 from absl import logging
 import ml_collections
@@ -24,6 +24,7 @@ from transformer.data import tokenizer as tokenizer_lib
 
 CHECKPOINT_DIRS = {"latest": "checkpoints", "best": "checkpoints_best",
                    "averaged": "checkpoints_averaged"}
+AVERAGED_RECORD = "averaged.json"  # In checkpoints_averaged: the steps averaged.
 
 
 def default_workdir(config_flag: str) -> str:
@@ -252,6 +253,57 @@ class Opened:
     # The best checkpoints are read best first: a better one may have an earlier step.
     metric = metrics_lib.main_metric(self.config.data.dataset) if checkpoint == "best" else None
     return checkpoints.Checkpointer(directory, read_only=True, best_metric=metric), step
+
+
+REPLACEABLE = ("best", "averaged")  # Checkpoint names that a later save gives to another state.
+IDENTITY_KEY = "checkpoint_identity"  # evaluate's record of which one it scored.
+
+
+def _saved_metrics(directory: str, step: int) -> Optional[dict]:
+  """The metrics saved with a best checkpoint (what made it best); None where unreadable."""
+  try:
+    value = checkpoints.saved_metrics(directory, step)
+  except Exception:  # pylint: disable=broad-except  # Orbax's reader: any error is unreadable.
+    return None
+  return value if isinstance(value, dict) and value else None
+
+
+def checkpoint_identity(workdir: str, checkpoint: str, metric: str,
+                        step: Optional[int] = None) -> Optional[dict]:
+  """What tells the `best` or `averaged` checkpoint of `workdir` from another
+  that has since taken its name, at any step, its own included (None for other
+  names, whose step says it, and where it cannot be read):
+    averaged  {"step", "averaged_steps"}: average_checkpoints' averaged.json (an
+              average of --last 2 and one of --last 5 share their newest step);
+    best      {"step", "metrics"}: the score saved with it (`metric` the one that
+              ranks them), which a replacement of the same step beats.
+  `step`: the one restored (evaluate), else the one a restore would read first.
+  evaluate records it; results.evaluation skips a JSON whose identity is not the
+  current checkpoint's."""
+  if checkpoint not in REPLACEABLE:
+    return None
+  try:
+    directory, _ = checkpoint_location(workdir, checkpoint)
+  except FileNotFoundError:  # A best checkpoint being replaced.
+    return None
+  if checkpoint == "averaged":
+    path = os.path.join(directory, AVERAGED_RECORD)
+    recorded = files.read_json_object(path) if os.path.exists(path) else None
+    averaged = (recorded or {}).get("averaged_steps")
+    if (not isinstance(averaged, list) or not averaged
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in averaged)
+        or step not in (None, averaged[-1])
+        or averaged[-1] not in checkpoints.complete_steps(directory)):
+      return None
+    return {"step": averaged[-1], "averaged_steps": averaged}
+  steps = checkpoints.complete_steps(directory)
+  if step is None and steps:  # The one a restore tries first.
+    step = checkpoints.best_first(directory, steps, metric)[0]
+  saved = _saved_metrics(directory, step) if step in steps else None
+  if saved is None:
+    return None
+  return {"step": step, "metrics": saved}
+
 
 
 def open_workdir(workdir: str, mesh=None) -> Opened:
