@@ -219,8 +219,8 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
     patch.setattr(translate.jax, "process_count", lambda: 2)
     with pytest.raises(ValueError, match="--input -: every process of a multi-process job"):
       translate.run(workdir, "-", str(out))
-  for temperature in (0.0, float("nan"), float("inf")):
-    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+  for temperature in (-1.0, float("nan"), float("inf")):
+    with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0 \(0 = greedy\)"):
       translate.run(workdir, "-", str(out), mode="sample", temperature=temperature)
   with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^32\)"):
     translate.run(workdir, "-", str(out), mode="sample", seed=2**32)
@@ -322,6 +322,10 @@ def test_samples_depend_on_the_seed_and_the_line_not_on_chunks_or_batches(workdi
   # Repeats of a line are drawn apart.
   n = len(LINES)
   assert any(len(set(whole[i::n])) > 1 for i in range(n) if whole[i])
+  # Temperature 0 is the argmax: greedy search's translations.
+  assert (translate.run(workdir, str(src), str(tmp_path / "t0.txt"), mode="sample",
+                        temperature=0.0)
+          == translate.run(workdir, str(src), str(tmp_path / "g.txt"), mode="greedy"))
 
 
 def test_command_streams_each_line_as_it_arrives(workdir):

@@ -38,7 +38,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import distributed, evaluate, files, inference, plots, runtime
+from transformer import decode, distributed, evaluate, files, inference, plots, runtime
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import parallel_text
@@ -207,10 +207,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir!r} does not exist")
   workdir_lib.checkpoint_location(workdir, checkpoint)
-  if mode not in DECODE_MODES:
-    raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
-  if not 0 < temperature < float("inf"):
-    raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+  decode.check_settings(mode, temperature=temperature)  # The mode, and 0 <= temperature < inf.
   if chunk_lines < 1:
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
   config = workdir_lib.load_config(workdir)
@@ -319,5 +316,5 @@ if __name__ == "__main__":
   flags.DEFINE_string("head", "all", "all (one panel per head) | avg | a head number.")
   flags.DEFINE_integer("seed", 0, "Sampling seed (--mode sample).", lower_bound=0,
                        upper_bound=2**32 - 1)
-  flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample).")
+  flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample; 0: the argmax, as --mode greedy).")
   app.run(main)
