@@ -90,6 +90,19 @@ def attention_scores(q_BxTxHxK, k_BxSxHxK, score="scaled_dot", score_params=None
                     preferred_element_type=jnp.float32) * scale
 
 
+def attention_probs(q_BxTxHxK, k_BxSxHxK, mask, *, score="scaled_dot", score_params=None,
+                    heads_major=False):
+  """[B, H, T, S] softmax over the keys of score(Q, K) where `mask` allows (float32):
+  the attention weights, which attention plots draw."""
+  scores_BxHxTxS = attention_scores(q_BxTxHxK, k_BxSxHxK, score, score_params,
+                                    heads_major=heads_major)
+  if mask is not None:
+    # A large finite negative rather than -inf: a fully masked row (a padding
+    # query) then gives a uniform distribution instead of NaN.
+    scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(scores_BxHxTxS, axis=-1)
+
+
 def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_dot",
                         score_params=None, dropout_rate=0.0, dropout_rng=None,
                         heads_major=False):
@@ -101,13 +114,8 @@ def reference_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, *, score="scaled_
   XLA transpose (copy) the whole cache at every step, about half of a beam-search
   step on a CPU.
   """
-  scores_BxHxTxS = attention_scores(q_BxTxHxK, k_BxSxHxK, score, score_params,
-                                    heads_major=heads_major)
-  if mask is not None:
-    # A large finite negative rather than -inf: a fully masked row (a padding
-    # query) then gives a uniform distribution instead of NaN.
-    scores_BxHxTxS = jnp.where(mask, scores_BxHxTxS, jnp.finfo(jnp.float32).min)
-  probs_BxHxTxS = jax.nn.softmax(scores_BxHxTxS, axis=-1)
+  probs_BxHxTxS = attention_probs(q_BxTxHxK, k_BxSxHxK, mask, score=score,
+                                  score_params=score_params, heads_major=heads_major)
   if dropout_rate > 0.0 and dropout_rng is not None:
     probs_BxHxTxS = dropout(probs_BxHxTxS, dropout_rate, dropout_rng)
   kv = "bhsk" if heads_major else "bshk"

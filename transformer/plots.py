@@ -27,6 +27,12 @@ from transformer.model import sinusoidal_table
 PROJECTIONS = ("query", "key", "value")
 
 
+def check_layer(layer: int, num_layers: int) -> None:
+  """A ValueError for a decoder layer index (Python's: -1 the last) out of range."""
+  if not -num_layers <= layer < num_layers:
+    raise ValueError(f"layer {layer} out of range for a {num_layers}-layer decoder")
+
+
 def cross_attention_projections(model, params, inputs_BxS, targets_BxT, layer=-1,
                                 names=("query", "key")):
   """{name: [B, len, H, K]} projections of decoder layer `layer`'s encoder-decoder
@@ -37,8 +43,7 @@ def cross_attention_projections(model, params, inputs_BxS, targets_BxT, layer=-1
   the weights recomputed (`attention_weights`).
   """
   num_layers = model.config.num_layers
-  if not -num_layers <= layer < num_layers:
-    raise ValueError(f"layer {layer} out of range for a {num_layers}-layer decoder")
+  check_layer(layer, num_layers)
   wanted = ("decoder", f"layer_{layer % num_layers}", "cross_attention")
   paths = {wanted + (name,) for name in names}
 
@@ -56,12 +61,12 @@ def cross_attention_projections(model, params, inputs_BxS, targets_BxT, layer=-1
 def attention_weights(q_BxTxHxK, k_BxSxHxK, inputs_BxS, pad_id=0, score="scaled_dot",
                       score_params=None):
   """[B, H, T, S] softmax(score(Q, K)) over non-padding source positions: the
-  formula of transformer.attention.reference_attention, in float32.
+  weights of transformer.attention.reference_attention, in float32.
   `score_params` are the attention module's parameters (the additive and general
   scores read their matrices there)."""
-  scores = attention.attention_scores(q_BxTxHxK, k_BxSxHxK, score, score_params)
-  mask = (jnp.asarray(inputs_BxS) != pad_id)[:, None, None, :]
-  return jax.nn.softmax(jnp.where(mask, scores, jnp.finfo(jnp.float32).min), axis=-1)
+  return attention.attention_probs(q_BxTxHxK, k_BxSxHxK,
+                                   attention.padding_mask(jnp.asarray(inputs_BxS), pad_id),
+                                   score=score, score_params=score_params)
 
 
 def cross_attention_weights(model, params, source_ids, output_ids, layer=-1):

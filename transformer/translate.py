@@ -220,9 +220,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     if rnn and layer != -1:  # Drawn anyway, the plot would not be of the layer asked.
       raise ValueError(f"--layer {layer}: model.architecture='rnn' has one attention, no "
                        "decoder layers to choose from; leave --layer out")
-    if not rnn and not -config.model.num_layers <= layer < config.model.num_layers:
-      raise ValueError(f"layer {layer} out of range for a {config.model.num_layers}-layer "
-                       "decoder")
+    if not rnn:
+      plots.check_layer(layer, config.model.num_layers)
   if not 0 <= seed < 2**32:  # JAX's keys keep 32 bits: seed and seed + 2^32 would agree.
     raise ValueError(f"seed must be in [0, 2^32), got {seed}")
   check_paths(input_path, output_path, plot_attention)
