@@ -8,7 +8,8 @@ import pytest
 
 from configs import base, big, default
 from transformer.config import ModelConfig, check_config, model_config
-from transformer.summary import format_table, parameter_rows, parameter_shapes
+from transformer.state import parameter_shapes
+from transformer.summary import format_table, parameter_rows
 from tests.helpers import DEFAULT, train_flags
 
 

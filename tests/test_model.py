@@ -13,7 +13,7 @@ from transformer import attention as attention_lib
 from transformer.config import ATTENTION_SCORES
 from transformer.model import (Embed, Transformer, shift_right, sinusoidal_table,
                                tied_logits)
-from transformer.summary import parameter_shapes
+from transformer.state import parameter_count, parameter_shapes
 from tests.helpers import TINY, init_model, random_tokens, tiny_config
 
 
@@ -231,7 +231,7 @@ def test_parameter_count_per_score(score, d_k):
   extra = {"scaled_dot": 0, "dot": 0, "general": H * K * K, "additive": H * (2 * K * K + K)}
   attention, ffn = 2 * D * H * K + 2 * D * D + extra[score], 2 * D * F + F + D
   expected = V * D + N * (attention + ffn + 2 * 2 * D) + N * (2 * attention + ffn + 3 * 2 * D)
-  assert sum(x.size for x in jax.tree.leaves(parameter_shapes(cfg))) == expected
+  assert parameter_count(parameter_shapes(cfg)) == expected
 
 
 def test_d_k_of_d_model_over_h_is_the_default_model():

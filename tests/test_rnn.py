@@ -18,7 +18,7 @@ from transformer import decode, evaluate, state as state_lib, training, translat
 from transformer.config import ModelConfig, check_config, check_model_axis, model_config
 from transformer.model import shift_right
 from transformer.rnn import RNNDecoding, RNNEncoderDecoder
-from transformer.summary import parameter_shapes
+from transformer.state import parameter_count, parameter_shapes
 
 V = 23
 # Compiling dominates; without LLVM optimisation it takes about half as long.
@@ -209,7 +209,7 @@ def test_parameter_count_by_formula(overrides):
   init = h * N * D + N * D  # s_0 = tanh(W_s bwd h_1), one per decoder layer.
   logits = 0 if cfg.tie_output else D * cfg.output_vocab_size
   expected = embeddings + encoder + attention + decoder + output + init + logits
-  assert sum(x.size for x in jax.tree.leaves(parameter_shapes(cfg))) == expected
+  assert parameter_count(parameter_shapes(cfg)) == expected
 
 
 @pytest.mark.parametrize("field,value,message", [

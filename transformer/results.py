@@ -27,9 +27,8 @@ import re
 from typing import Optional
 
 from absl import logging
-import jax
 
-from transformer import checkpoints, files, metrics as metrics_lib, summary
+from transformer import checkpoints, files, metrics as metrics_lib, state as state_lib
 from transformer import workdir as workdir_lib
 from transformer.config import model_config, same_recipe
 
@@ -42,8 +41,7 @@ _METRIC_NAMES = {"bleu": ("BLEU", 1.0), "exact_match": ("exact match %", 100.0)}
 def count_parameters(config, vocab_size: int = 0) -> int:
   """Parameters of the config's model (at data.vocab_size unless given), from
   shapes alone: nothing is allocated."""
-  shapes = summary.parameter_shapes(model_config(config, vocab_size))
-  return sum(x.size for x in jax.tree.leaves(shapes))
+  return state_lib.parameter_count(state_lib.parameter_shapes(model_config(config, vocab_size)))
 
 
 def read_status(variant_dir: str) -> Optional[dict]:
@@ -85,7 +83,8 @@ def write_status(variant_dir: str, status: dict) -> None:
 
 def latest_step(variant_dir: str) -> Optional[int]:
   """The newest checkpoint's step: how far training got."""
-  steps = checkpoints.complete_steps(os.path.join(variant_dir, "checkpoints"))
+  directory = os.path.join(variant_dir, workdir_lib.CHECKPOINT_DIRS["latest"])
+  steps = checkpoints.complete_steps(directory)
   return steps[-1] if steps else None
 
 

@@ -25,8 +25,11 @@ class TrainState:
   rng: Array  # uint32 key data; the dropout key of a step is fold_in(rng, step).
 
 
-def create_state(model, tx, rng, batch_shape=(1, 8)) -> TrainState:
-  ids = jnp.ones(batch_shape, jnp.int32)
+_INIT_IDS = (1, 8)  # The ids that init traces: any shape builds the same parameters.
+
+
+def create_state(model, tx, rng) -> TrainState:
+  ids = jnp.ones(_INIT_IDS, jnp.int32)
   init_rng, train_rng = jax.random.split(rng)
   params = model.init(init_rng, ids, ids)["params"]
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -41,6 +44,17 @@ ARCHITECTURES = {"transformer": (Transformer, TransformerDecoding),
 def make_model(cfg):
   """The model of a ModelConfig, by its architecture."""
   return ARCHITECTURES[cfg.architecture][0](cfg)
+
+
+def parameter_shapes(cfg):
+  """The parameter tree of a ModelConfig's model as ShapeDtypeStructs: nothing is allocated."""
+  ids = jnp.ones(_INIT_IDS, jnp.int32)
+  return jax.eval_shape(make_model(cfg).init, jax.random.key(0), ids, ids)["params"]
+
+
+def parameter_count(params) -> int:
+  """The values in a parameter tree (arrays or shapes)."""
+  return sum(x.size for x in jax.tree.leaves(params))
 
 
 def decoding(model):

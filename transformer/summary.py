@@ -16,20 +16,12 @@ import collections
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 from ml_collections import config_flags
 
 from transformer import runtime
 from transformer import workdir as workdir_lib
 from transformer.config import check_config, model_config
-from transformer.state import make_model
-
-def parameter_shapes(cfg):
-  """The model's parameter tree as ShapeDtypeStructs."""
-  ids = jnp.ones((1, 4), jnp.int32)
-  variables = jax.eval_shape(make_model(cfg).init, jax.random.key(0), ids, ids)
-  return variables["params"]
-
+from transformer.state import parameter_shapes
 
 def parameter_rows(params, depth: int = 3):
   """[(module path, [leaf shapes], count)] grouped by the first `depth` path parts."""
@@ -74,8 +66,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # Defined here, not at import: other commands that import this module (through
-  # transformer.results) have a --config and a --workdir of their own.
+  # Defined here, not at import: a command that imports this module may have a
+  # --config and a --workdir of its own.
   config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
   flags.DEFINE_string("workdir", None, "A training workdir, instead of --config: its config "
                       "and trained vocabulary.")

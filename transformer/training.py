@@ -314,17 +314,17 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   specs = [tuple(s.spec) for s in jax.tree.leaves(shardings.params)]
   split = lambda axis: sum(axis in spec for spec in specs) if mesh.shape[axis] > 1 else 0
   logging.info("Parameters: %s in %d arrays, %d split over the data axis (FSDP), %d over the "
-               "model axis", f"{sum(x.size for x in jax.tree.leaves(abstract.params)):,}",
+               "model axis", f"{state_lib.parameter_count(abstract.params):,}",
                len(specs), split(sharding.DATA_AXIS), split(sharding.MODEL_AXIS))
   _warn_of_idle_fsdp(config, mesh.shape[sharding.DATA_AXIS], split(sharding.DATA_AXIS))
 
   checkpointer = best = progress = signals = None  # Closed at the end, as far as made.
   try:
-    checkpointer = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints"),
+    directory = lambda name: os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS[name])
+    checkpointer = checkpoints.Checkpointer(directory("latest"),
                                             keep=config.train.keep_checkpoints)
     best_metric = metrics_lib.main_metric(config.data.dataset)
-    best = checkpoints.Checkpointer(os.path.join(workdir, "checkpoints_best"), keep=1,
-                                    best_metric=best_metric)
+    best = checkpoints.Checkpointer(directory("best"), keep=1, best_metric=best_metric)
     decode_pairs = data.eval_pairs[:config.train.decode_examples or None]
     decode_examples = data.eval_examples[:len(decode_pairs)]
     decode_sources = [s for s, _ in decode_pairs]
