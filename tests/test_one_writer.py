@@ -96,6 +96,22 @@ def test_a_url_workdir_is_refused_not_made_a_local_directory(tmp_path, monkeypat
   assert not os.listdir(tmp_path)
 
 
+def test_a_workdir_path_with_brackets_is_refused_before_any_write(tmp_path, monkeypatch):
+  """Orbax globs a checkpoint's path to merge its parts: under 'p [1]' it wrote
+  checkpoints that no resume, evaluate or translate could read, and training
+  ended with status 0. A bracket in a parent folder counts too."""
+  (tmp_path / "runs[2]").mkdir()
+  monkeypatch.chdir(tmp_path / "runs[2]")
+  for workdir in (str(tmp_path / "p [1]"), "w"):
+    for primary in (True, False):
+      with pytest.raises(ValueError, match=r"has '\[' or '\]' in its path, which Orbax reads "
+                         r"as a glob pattern"):
+        lock.hold(workdir, "train", primary=primary)
+    with pytest.raises(ValueError, match=r"'\[' or '\]'"):
+      workdir_lib.restore(workdir)
+  assert not os.listdir(tmp_path / "runs[2]") and not os.path.exists(tmp_path / "p [1]")
+
+
 def test_one_process_cannot_hold_a_workdir_twice_and_release_frees_it(tmp_path):
   workdir = str(tmp_path / "w")
   with lock.WorkdirLock(workdir, "first"):

@@ -20,10 +20,17 @@ TMP_INFIX = ".tmp"  # NAME.tmp<pid>@<host>: a temporary of the process <pid> of 
 
 def check_local(path: str, what: str = "workdir") -> None:
   """A ValueError for a URL (gs://, s3://): reading and writing here are local
-  file operations, which would take it as a relative path (a directory 'gs:')."""
+  file operations, which would take it as a relative path (a directory 'gs:').
+  And for a path with '[' or ']' (its folders' names included): Orbax finds a
+  checkpoint's parts with a glob of the path, where those are a pattern, so it
+  would write checkpoints that it then cannot read."""
   if "://" in str(path):
     raise ValueError(f"{what} {path!r} is a URL; give a local path (a bucket mounted with "
                      "gcsfuse, say)")
+  if re.search(r"[][]", os.path.abspath(path)):
+    raise ValueError(f"{what} {os.path.abspath(path)!r} has '[' or ']' in its path, which "
+                     "Orbax reads as a glob pattern (its checkpoints could not be read "
+                     "back); use a path without them")
 
 
 def pid_alive(pid: int) -> bool:

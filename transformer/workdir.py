@@ -305,7 +305,6 @@ def checkpoint_identity(workdir: str, checkpoint: str, metric: str,
   return {"step": step, "metrics": saved}
 
 
-
 def open_workdir(workdir: str, mesh=None) -> Opened:
   files.check_local(workdir)
   config = load_config(workdir)
