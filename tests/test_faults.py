@@ -11,6 +11,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -204,3 +206,28 @@ def test_a_sigterm_sent_twice_at_once_is_one_stop_request_a_later_one_or_sigint_
   finally:
     for s, handler in before.items():
       signal.signal(s, handler)
+
+
+def test_a_write_cut_off_by_a_file_size_limit_names_its_file(tmp_path):
+  """A write's EFBIG (a file size limit) or ENOSPC (a full disk) comes without a
+  file name: the one-line error of train, evaluate or translate said only
+  '[Errno 27] File too large'. Atomic writes and streamed outputs now name the
+  file; the limit is set in a process of its own."""
+  targets = [str(tmp_path / "config.json"), str(tmp_path / "out.txt")]
+  script = (
+      "import resource, sys\n"
+      "from transformer import files\n"
+      "resource.setrlimit(resource.RLIMIT_FSIZE,\n"
+      "                   (2048, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+      f"atomic, streamed = {targets!r}\n"
+      "for write in (lambda: files.write_atomic(atomic, 'x' * 4096),\n"
+      "              lambda: files.write_lines(open(streamed, 'w'), ['y' * 4096])):\n"
+      "  try:\n"
+      "    write()\n"
+      "  except OSError as e:\n"
+      "    print(e)\n")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        cwd=ph.ROOT, timeout=120)
+  assert done.stdout.splitlines() == [f"[Errno 27] File too large: {t!r}" for t in targets], (
+      done.stdout + done.stderr)
+  assert not os.path.exists(targets[0])  # No half-written config.json.

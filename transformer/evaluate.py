@@ -170,8 +170,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       loss_totals = training.eval_loss_sums(eval_fn, restored.params, examples, config,
                                             restored.mesh, loss_totals)
       if out is not None:
-        out.write("".join(h + "\n" for h in hypotheses))
-        out.flush()
+        files.write_lines(out, hypotheses)
     if not scorer.count:
       raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
     loss = training.loss_metrics(loss_totals)

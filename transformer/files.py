@@ -91,15 +91,36 @@ def atomic_path(path):
       os.remove(tmp)
 
 
+@contextlib.contextmanager
+def naming(path):
+  """An OSError raised within without a file name (a write's or a close's full
+  disk, ENOSPC, or file size limit, EFBIG) is raised again naming `path`: the
+  one line a command prints then says which file could not be written."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is not None or not e.errno:
+      raise
+    raise OSError(e.errno, e.strerror, str(path)) from e
+
+
 def write_atomic(path, data) -> None:
   """Writes `data` (str as UTF-8, or bytes) to `path` atomically."""
-  with atomic_path(path) as tmp:
+  with naming(path), atomic_path(path) as tmp:
     if isinstance(data, bytes):
       with open(tmp, "wb") as f:
         f.write(data)
     else:
       with open(tmp, "w", encoding="utf-8") as f:
         f.write(data)
+
+
+def write_lines(out, lines) -> None:
+  """Writes `lines` to the open text file `out`, one a line, and flushes them (a
+  killed run keeps every line written); a full disk names the file."""
+  with naming(getattr(out, "name", out)):
+    out.write("".join(line + "\n" for line in lines))
+    out.flush()
 
 
 PARTIAL_SUFFIX = ".partial"
@@ -150,7 +171,8 @@ def open_partial(path: str):
 def commit_partial(out, path: str) -> None:
   """Gives the open_partial file `out` its final name `path`: renamed while
   still locked, so that no other run can have taken it."""
-  out.flush()
+  with naming(out.name):
+    out.flush()
   os.replace(path + PARTIAL_SUFFIX, path)
 
 
@@ -165,7 +187,8 @@ def close_partial(out, path: str) -> None:
     ours = False
   if out.tell() == 0 and ours:
     os.remove(partial)
-  out.close()
+  with naming(out.name):
+    out.close()
 
 
 def read_json_object(path: str) -> Optional[dict]:

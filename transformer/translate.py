@@ -260,8 +260,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
                               rng=jax.random.key(seed), **decode_kw)
       texts = ["" if r is None else restored.tokenizer.decode(r[1]) for r in results]
       if out is not None:
-        out.write("".join(t + "\n" for t in texts))
-        out.flush()  # A killed run keeps every chunk written so far.
+        files.write_lines(out, texts)  # A killed run keeps every chunk written so far.
       first = first or next((r for r in results if r is not None), None)
       count += len(chunk)
       if collect:
@@ -272,7 +271,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
     if out is not None and partial:
       files.close_partial(out, output_path)
     elif out not in (None, sys.stdout):
-      out.close()
+      with files.naming(output_path):
+        out.close()
   for warnings in (bad_bytes, overlong):
     if warnings.count and jax.process_index() == 0:
       print(warnings.summary(count), file=sys.stderr)
