@@ -66,6 +66,17 @@ def test_stale_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, c
   assert not os.path.exists(os.path.join(workdir, lock.LOCK_NAME))  # A clean exit removes it.
 
 
+def test_a_lock_that_holds_no_owner_record_is_taken_over(tmp_path):
+  """A LOCK file of valid JSON that is not a record (edited by hand, say) reads
+  as no owner: it stopped train.py with an AttributeError's traceback."""
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  for text in ("[1]", "2", '"me"'):
+    (workdir / lock.LOCK_NAME).write_text(text)
+    with lock.WorkdirLock(str(workdir), "train"):
+      assert json.loads((workdir / lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
 def test_taking_the_lock_removes_only_dead_temporaries_of_this_host(tmp_path):
   """What a killed writer of this host left (NAME.tmp<pid>@<host>, a file or a
   directory) goes when the lock is taken; a live writer's, another host's and

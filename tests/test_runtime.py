@@ -249,3 +249,14 @@ def test_tensorflow_settings_already_set_are_kept():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, check=True, env={**base, **env})
     assert out.stdout.strip() == printed
+
+
+def test_a_ctrl_c_outside_training_s_steps_is_one_line_and_status_130(capsys):
+  """Ctrl-C at start-up or in evaluate or translate printed KeyboardInterrupt's
+  traceback and ended the process by SIGINT; now one line and the status a shell
+  gives a process SIGINT stopped (training's own stop exits 130 too)."""
+  with pytest.raises(SystemExit) as stopped:
+    with runtime.one_line_errors("evaluate"):
+      raise KeyboardInterrupt
+  assert stopped.value.code == 130
+  assert capsys.readouterr().err == "evaluate: interrupted\n"

@@ -68,11 +68,14 @@ def describe(owner) -> str:
 
 
 def _read_owner(path):
+  """The owner record in the lock at `path`: None where there is none to read
+  (gone, written half-way by a killed owner, or not a record: edited by hand)."""
   try:
     with open(path) as f:
-      return json.loads(f.read() or "null")
-  except (OSError, ValueError):  # Gone, or written half-way by a killed owner.
+      owner = json.loads(f.read() or "null")
+  except (OSError, ValueError):
     return None
+  return owner if isinstance(owner, dict) else None
 
 
 class WorkdirLock:

@@ -211,13 +211,20 @@ def one_line_errors(command: str, extra=()):
   """Turns ONE_LINE_ERRORS (and `extra`) raised in the block into
   `{command}: error: {message}` on stderr and exit status 1: the message names
   the problem, and a traceback would only bury it. The traceback still goes to
-  absl's log at DEBUG level (`--verbosity=1` shows it)."""
+  absl's log at DEBUG level (`--verbosity=1` shows it). A Ctrl-C that reaches
+  the block (start-up, evaluate, translate: training's steps take theirs as a
+  stop request) is `{command}: interrupted` and status 130, as a shell reports
+  a process that SIGINT stopped; what the command wrote is kept as it left it."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   try:
     yield
   except ONE_LINE_ERRORS + tuple(extra) as e:
-    from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
     absl_logging.debug("%s stopped on", command, exc_info=True)
     sys.exit(f"{command}: error: {e}")
+  except KeyboardInterrupt:
+    absl_logging.debug("%s interrupted", command, exc_info=True)
+    sys.stderr.write(f"{command}: interrupted\n")
+    sys.exit(130)
 
 
 def parse_flags(argv, command: str, config_flag: str = "config", flag_values=None):
