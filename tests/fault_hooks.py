@@ -11,8 +11,8 @@ environment variable is set; the library reads none of them.
                            its items are written and before Orbax renames the
                            step's temporary directory into place, printing
                            `fault: finalizing PATH` first, so a kill lands inside it.
-  FAULT_SAVE_ERROR_STEP=N  the save of step N fails with OSError(ENOSPC) while
-                           writing, as on a full disk.
+  FAULT_SAVE_ERROR_STEP=N[,M...]  the saves of those steps (regular and best)
+                           fail with OSError(ENOSPC) while writing, as on a full disk.
 """
 
 import asyncio
@@ -84,13 +84,14 @@ def install_hooks(environ):
 
     atomicity.AtomicRenameTemporaryPath.finalize = slow_finalize
 
-  error_step = environ.get("FAULT_SAVE_ERROR_STEP")
-  if error_step:  # In the background write, where a full disk shows up.
+  error_steps = environ.get("FAULT_SAVE_ERROR_STEP")
+  if error_steps:  # In the background write, where a full disk shows up.
     from orbax.checkpoint._src.handlers import json_checkpoint_handler as json_handler  # pylint: disable=g-import-not-at-top
     save_fn = json_handler.JsonCheckpointHandler._save_fn  # pylint: disable=protected-access
 
     async def failing_save_fn(self, x, directory):
-      if f"/{error_step}.orbax-checkpoint-tmp" in str(directory):
+      if any(f"/{step}.orbax-checkpoint-tmp" in str(directory)
+             for step in error_steps.split(",")):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
       return await save_fn(self, x, directory)
 

@@ -151,6 +151,28 @@ def test_failed_saves_at_close_close_everything_and_report_the_first(tmp_path, t
   assert not os.listdir(os.path.join(workdir, "checkpoints_best"))
 
 
+def test_a_failed_save_is_the_error_reported_not_a_later_one_at_close(tmp_path, tfds_dir):
+  """Checkpoint 5 fails in the background; at step 10 the best checkpoint's
+  save fails too, and the regular save of 10 raises 5's failure. The best
+  checkpointer's failure at close took its place in the one line, which then
+  said nothing of checkpoint 5 (an audit's finding): the first failure is the
+  line, the later one logged."""
+  workdir, log = str(tmp_path / "w"), str(tmp_path / "log")
+  process = ph.start_train(workdir, tfds_dir, log, "--config.train.num_steps=10",
+                           "--config.train.checkpoint_every=5",
+                           "--config.train.decode_every=10", "--config.train.decode_examples=20",
+                           script=FAULT_TRAIN, env=ph.command_env(FAULT_SAVE_ERROR_STEP="5,10"))
+  assert process.wait(timeout=600) == 1, ph.read(log)[-4000:]
+  text = ph.read(log)
+  last = text.strip().splitlines()[-1]
+  assert re.fullmatch(
+      r"train: error: checkpoint 5 could not be written to .*/checkpoints: \[Errno 28\] No "
+      r"space left on device: .*\. Training stopped; there is no earlier checkpoint\.", last), last
+  assert re.search(r"Also failed while closing: CheckpointSaveError: best checkpoint 10 could "
+                   r"not be written", text)
+  assert not chaos.temporaries(workdir)
+
+
 def test_a_save_refused_at_once_names_the_step_and_the_last_good_one(tmp_path, monkeypatch):
   """The synchronous path: Orbax's save itself raises (permission denied)."""
   import errno  # pylint: disable=g-import-not-at-top

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 import time
 
 from absl import logging
@@ -250,11 +251,16 @@ def _check_eval_split(config, eval_examples) -> None:
                      "examples (config.data.eval_split)")
 
 
-def _close_all(closers) -> None:
+def _close_all(closers, in_flight=None) -> None:
   """Calls each of `closers` (None: not made) in turn, even after one fails, and
   raises the first failure, logging the later ones. (An ExitStack would raise
-  the last one.)"""
+  the last one.) Where an error is already in flight (`in_flight`, the one that
+  stopped the run: earlier, and what the command reports), the closers' are
+  logged too; a stop request's (preemption.Preempted) is not an error, and the
+  closers' first error, a failed save of the stop's checkpoint, takes its place."""
   first = None
+  if in_flight is not None and not isinstance(in_flight, preemption.Preempted):
+    first = in_flight
   for close in closers:
     if close is None:
       continue
@@ -265,7 +271,7 @@ def _close_all(closers) -> None:
         first = e
       else:
         logging.error("Also failed while closing: %s: %s", type(e).__name__, e)
-  if first is not None:
+  if first is not None and first is not in_flight:
     raise first
 
 
@@ -429,5 +435,5 @@ def _train_and_evaluate(config, workdir: str) -> dict:
     # one before it failed (a save that failed in the background raises at close).
     _close_all([getattr(signals, "restore", None), getattr(checkpointer, "close", None),
                 getattr(best, "close", None), getattr(progress, "close", None),
-                getattr(data.train_batches, "close", None)])
+                getattr(data.train_batches, "close", None)], in_flight=sys.exc_info()[1])
   return eval_metrics
