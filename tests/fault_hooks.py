@@ -11,6 +11,8 @@ environment variable is set; the library reads none of them.
                            its items are written and before Orbax renames the
                            step's temporary directory into place, printing
                            `fault: finalizing PATH` first, so a kill lands inside it.
+  FAULT_SAVE_DIR=NAME      slows only the saves into the workdir's folder NAME
+                           (checkpoints_best, say).
   FAULT_SAVE_ERROR_STEP=N[,M...]  the saves of those steps (regular and best)
                            fail with OSError(ENOSPC) while writing, as on a full disk.
 """
@@ -72,12 +74,14 @@ def install_hooks(environ):
 
   from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
   save_seconds = float(environ.get("FAULT_SAVE_SECONDS", 0))
+  save_dir = environ.get("FAULT_SAVE_DIR")
   if save_seconds:
     finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
     async def slow_finalize(self):
-      if self.get_final().name.isdigit():  # A step's directory, its items already in it.
-        sys.stderr.write(f"fault: finalizing {self.get_final()}\n")
+      final = self.get_final()  # A step's directory, its items already in it:
+      if final.name.isdigit() and save_dir in (None, final.parent.name):
+        sys.stderr.write(f"fault: finalizing {final}\n")
         sys.stderr.flush()
         await asyncio.sleep(save_seconds)
       await finalize(self)

@@ -105,6 +105,26 @@ def test_kill_9_at_random_moments_ends_where_an_uninterrupted_run_ends(tmp_path,
   chaos.check(workdir, runs, reference())
 
 
+def test_a_kill_while_the_best_checkpoint_is_written_loses_no_best_one(tmp_path, tfds_dir):
+  """Step 10 decodes to a first best checkpoint and saves a regular one. A kill
+  while the best one was still being written, after the regular one was
+  complete, left no best checkpoint: the resume from step 10 does not decode it
+  again (an audit's finding). The best one is now complete before the regular
+  one starts, so the resume comes from step 5 and writes it."""
+  workdir, log = str(tmp_path / "w"), str(tmp_path / "log")
+  run = ("--config.train.num_steps=10", "--config.train.checkpoint_every=5",
+         "--config.train.decode_every=10", "--config.train.decode_examples=20")
+  process = ph.start_train(workdir, tfds_dir, log, *run, script=FAULT_TRAIN,
+                           env=ph.command_env(FAULT_SAVE_SECONDS="4",
+                                              FAULT_SAVE_DIR="checkpoints_best"))
+  ph.wait_for(log, r"fault: finalizing .*/checkpoints_best/10$", process)
+  time.sleep(2)  # Ample for an unslowed regular save of the tiny model's step 10.
+  ph.kill9(process)
+  resumed = ph.start_train(workdir, tfds_dir, str(tmp_path / "log2"), *run)
+  assert resumed.wait(timeout=600) == 0, ph.read(str(tmp_path / "log2"))[-4000:]
+  assert "10" in os.listdir(os.path.join(workdir, "checkpoints_best"))
+
+
 # ----------------------------------------------------------------------------
 # Disk errors.
 

@@ -426,6 +426,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           if due:
             data_state[checkpoints.OWED] = due
         with progress.timed("save"):  # Waits for the save before, if still writing.
+          if decoding:
+            # A best checkpoint of this step is written first: a kill after
+            # the regular one would leave none, and a resume from this step
+            # does not decode it again.
+            best.wait()
           checkpointer.save(step, state, data_state)
       if stopping:
         raise preemption.Preempted(signals.signum, step, checkpointer.directory)
