@@ -45,9 +45,8 @@ def main(argv):
     sys.exit(f"train: error: unexpected arguments {argv[1:]}")
   config = _CONFIG.value
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
-  overridden = [a[len("--config."):].partition("=")[0] for a in sys.argv[1:]
-                if a.startswith("--config.")]
-  for field, why in config_lib.unread_overrides(config, overridden):
+  for field, why in config_lib.unread_overrides(config,
+                                                config_lib.overridden_fields(sys.argv[1:])):
     logging.warning("--config.%s %s: this run trains as without it.", field, why)
   try:
     # In a multi-process job a failing process exits at once (distributed.py);

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from configs import base, big, default
-from transformer.config import ModelConfig, check_config, model_config
+from transformer.config import ModelConfig, check_config, model_config, overridden_fields
 from transformer.state import parameter_shapes
 from transformer.summary import format_table, parameter_rows
 from tests.helpers import DEFAULT, train_flags
@@ -87,6 +87,26 @@ def test_importing_the_library_defines_no_command_line_flags():
                          "flags.FLAGS if flags.FLAGS.find_module_defining_flag(n).startswith("
                          "'transformer')))"], capture_output=True, text=True, check=True)
   assert ours.stdout.strip() == "[]"
+
+
+def test_summary_warns_of_an_override_the_model_does_not_read():
+  """summary counted --config.model.num_heads=16 on the RNN as the RNN without
+  it, silently, where train.py warns: a researcher sizing an ablation read the
+  base's count. Every spelling of an override counts (--noconfig.FIELD too)."""
+  out = subprocess.run([sys.executable, "-m", "transformer.summary", "--config",
+                        "configs/rnn_scan.py", "--config.model.num_heads=16",
+                        "--noconfig.model.attention_bias"], capture_output=True, text=True)
+  assert out.returncode == 0 and "Total parameters:" in out.stdout, out.stderr[-3000:]
+  warned = [l for l in out.stderr.splitlines() if l.startswith("summary: warning:")]
+  assert warned == [
+      "summary: warning: --config.model.num_heads has no effect with model.architecture='rnn' "
+      "(only the transformer reads it): the count is the model's without it",
+      "summary: warning: --config.model.attention_bias has no effect with "
+      "model.architecture='rnn' (only the transformer reads it): the count is the model's "
+      "without it"], out.stderr[-3000:]
+  assert overridden_fields(["--config", "c.py", "--config.a.b=1", "-config.c=2",
+                            "--noconfig.d.e", "--configx.f=3", "--workdir=--config.g"]) == [
+                                "a.b", "c", "d.e"]
 
 
 def test_summary_of_a_workdir_counts_its_trained_vocabulary(tmp_path):

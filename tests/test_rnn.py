@@ -225,6 +225,9 @@ def test_bad_rnn_values_name_the_field(field, value, message):
 
 def test_rnn_needs_no_heads_and_rejects_packed_batches(tmp_path):
   rnn_config(d_model=18, num_heads=8)  # The heads are the Transformer's.
+  # Its fields are warned of as unread on the RNN, so no value of theirs stops
+  # the run (num_heads=0 was refused right after the warning).
+  rnn_config(num_heads=0, d_ff=-3, d_k=-1, activation="none", attention_score="cosine")
   config = rnn_experiment(tmp_path)
   check_config(config)
   config.data.batching = "pack"

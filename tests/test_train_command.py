@@ -72,13 +72,16 @@ def test_unusable_workdir_is_one_line(tmp_path):
 
 def test_an_override_the_model_does_not_read_is_warned_of(tmp_path):
   """--config.model.num_heads on the RNN trained the RNN as without it, silently
-  (a sweep refuses such a variant); train.py now warns, naming the field."""
+  (a sweep refuses such a variant); train.py now warns, naming the field, in
+  absl's --noconfig.FIELD spelling of a boolean too."""
   status, stderr = train("--config", "configs/rnn_scan.py", "--config.model.num_heads=3",
-                         "--config.model.rnn_cell=lstm", "--config.train.num_steps=0",
+                         "--config.model.rnn_cell=lstm", "--noconfig.model.attention_bias",
+                         "--config.train.num_steps=0",
                          "--workdir", str(tmp_path / "w"),
                          env={"TRANSFORMER_DEFAULT_MALLOC": "1"})
   assert status == 1 and "num_steps" in said(stderr)[-1]  # Stopped before any work.
   warned = [l for l in stderr.splitlines() if "has no effect" in l]
-  assert len(warned) == 1 and ("--config.model.num_heads has no effect with "
+  assert len(warned) == 2 and ("--config.model.num_heads has no effect with "
                                "model.architecture='rnn' (only the transformer reads it)"
                                in warned[0]), stderr[-3000:]
+  assert "--config.model.attention_bias has no effect" in warned[1], stderr[-3000:]

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 from typing import Any, Optional
 import warnings
 
@@ -72,6 +73,15 @@ def unread_model_field(model, name: str) -> Optional[str]:
   return None
 
 
+_OVERRIDE = re.compile(r"--?(?:no)?config\.([A-Za-z_][\w.]*)")  # The field set.
+
+
+def overridden_fields(argv) -> list:
+  """The config fields that command-line arguments set: `--config.FIELD=VALUE`,
+  and absl's other spellings (`-config.FIELD`, `--noconfig.FIELD` for False)."""
+  return [found.group(1) for found in map(_OVERRIDE.match, argv) if found]
+
+
 def unread_overrides(config, fields) -> list:
   """(field, why) of each overridden field (e.g. 'model.num_heads') that the
   config's model does not read: an ablation of it would train the base again."""
@@ -128,8 +138,13 @@ class ModelConfig:
   eos_id: int = EOS_ID  # Ends a decoded sequence.
 
   def __post_init__(self):
+    # A field of the other architecture is warned of as unread, not checked:
+    # the run trains as without it (unread_model_field).
+    unread = {field for other, fields in ARCHITECTURE_ONLY_FIELDS.items()
+              if other != self.architecture for field in fields}
+
     def check(ok, field, message):
-      if not ok:
+      if not ok and field not in unread:
         raise ValueError(f"config.model.{field}={getattr(self, field)!r}: {message}")
 
     for field in ("input_vocab_size", "output_vocab_size", "num_layers", "d_model",

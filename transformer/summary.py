@@ -12,6 +12,7 @@ allocated.
 """
 
 import collections
+import sys
 
 from absl import app
 from absl import flags
@@ -20,7 +21,7 @@ from ml_collections import config_flags
 
 from transformer import runtime
 from transformer import workdir as workdir_lib
-from transformer.config import check_config, model_config
+from transformer.config import check_config, model_config, overridden_fields, unread_overrides
 from transformer.state import parameter_shapes
 
 def parameter_rows(params, depth: int = 3):
@@ -59,6 +60,9 @@ def main(argv):
       print(f"Embeddings at the trained vocabulary of {workdir}: {vocab_size} ids")
     else:
       check_config(config)  # As train.py does: a field named as given, not as derived.
+      for field, why in unread_overrides(config, overridden_fields(sys.argv[1:])):
+        print(f"summary: warning: --config.{field} {why}: the count is the model's "
+              "without it", file=sys.stderr)
       vocab_size = 0
       print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
             "vocabulary can hold fewer: --workdir counts a trained model)")

@@ -20,11 +20,14 @@ ROWS = ("A-h1", "A-h16", "B-dk16", "C-N2", "C-dff2048", "D-drop0", "D-ls0", "E-l
 
 
 def get_sweep(base):
-  variants = [(name, overrides) for name, overrides in table3.get_sweep(base)
-              if name in ROWS]
+  made = table3.get_sweep(base)
+  variants = [(name, overrides) for name, overrides in made if name in ROWS]
   missing = sorted(set(ROWS) - {name for name, _ in variants})
   if missing:  # table3 names rows after the values they run with, which scale with the base.
+    group = lambda name: name.split("-")[0]
+    here = [name for name, _ in made if group(name) in {group(m) for m in missing}]
     raise ValueError(f"rows {', '.join(missing)} are not variants of table3 on this base "
-                     f"(its N = {base.model.num_layers}, d_ff = {base.model.d_ff}); "
-                     "edit ROWS in configs/sweeps/table3_cpu.py for it")
+                     f"(its rows of {'those groups' if len(missing) > 1 else 'that group'} "
+                     f"here: {', '.join(here) or 'none'}); edit ROWS in "
+                     "configs/sweeps/table3_cpu.py for it")
   return variants
