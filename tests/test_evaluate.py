@@ -465,6 +465,21 @@ def test_missing_workdir_or_damaged_config_is_named(tmp_path):
     evaluate.run(str(tmp_path))
 
 
+def test_a_hand_edited_model_field_of_the_wrong_type_is_named(workdir, tmp_path):
+  """A config.json whose model.num_heads is "2" ended evaluate in a TypeError's
+  traceback deep in the model's checks; it is now one line naming the file."""
+  edited = tmp_path / "w"
+  shutil.copytree(workdir, edited)
+  config = json.loads((edited / "config.json").read_text())
+  for field, value, kind in (("num_heads", "2", "an integer"), ("dropout", "0.1", "a number"),
+                             ("share_embeddings", 1, "true or false")):
+    wrong = {**config, "model": {**config["model"], field: value}}
+    (edited / "config.json").write_text(json.dumps(wrong))
+    with pytest.raises(ValueError, match=re.escape(
+        f"{edited / 'config.json'}: config.model.{field}={value!r}: must be {kind}")):
+      evaluate.run(str(edited))
+
+
 def test_a_best_checkpoint_being_replaced_is_named(tmp_path):
   best = tmp_path / "checkpoints_best"
   os.makedirs(best / "15.replaced")

@@ -228,6 +228,9 @@ def test_rnn_needs_no_heads_and_rejects_packed_batches(tmp_path):
   # Its fields are warned of as unread on the RNN, so no value of theirs stops
   # the run (num_heads=0 was refused right after the warning).
   rnn_config(num_heads=0, d_ff=-3, d_k=-1, activation="none", attention_score="cosine")
+  # Of any type: a config.json's unread field is the model without it.
+  assert ModelConfig.from_config(dict(architecture="rnn", num_heads="8",
+                                      attention_dropout="0.1")).num_heads == 8
   config = rnn_experiment(tmp_path)
   check_config(config)
   config.data.batching = "pack"

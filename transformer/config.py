@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import numbers
 import re
 from typing import Any, Optional
 import warnings
@@ -17,6 +18,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 from ml_collections import config_flags
+import numpy as np
 
 from transformer.sharding import DEFAULT_MESH, parse_mesh
 
@@ -101,6 +103,22 @@ def resolve_dtype(dtype: str, backend: str = "") -> str:
   return AUTO_DTYPE.get(backend or jax.default_backend(), "float32")
 
 
+def _other_architectures_fields(architecture) -> set:
+  """The model fields that `architecture` does not read: warned of as unread, not
+  checked, for the run trains as without them (unread_model_field)."""
+  return {field for other, fields in ARCHITECTURE_ONLY_FIELDS.items()
+          if other != architecture for field in fields}
+
+
+# What a model field of each type takes (a hand-edited config.json can hold any JSON).
+_FIELD_TYPES = {int: ("an integer", lambda x: isinstance(x, numbers.Integral)
+                      and not isinstance(x, bool)),
+                float: ("a number", lambda x: isinstance(x, numbers.Real)
+                        and not isinstance(x, bool)),
+                bool: ("true or false", lambda x: isinstance(x, (bool, np.bool_))),
+                str: ("a string", lambda x: isinstance(x, str))}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyperparameters of the Transformer; defaults are the paper's base model."""
@@ -138,10 +156,7 @@ class ModelConfig:
   eos_id: int = EOS_ID  # Ends a decoded sequence.
 
   def __post_init__(self):
-    # A field of the other architecture is warned of as unread, not checked:
-    # the run trains as without it (unread_model_field).
-    unread = {field for other, fields in ARCHITECTURE_ONLY_FIELDS.items()
-              if other != self.architecture for field in fields}
+    unread = _other_architectures_fields(self.architecture)
 
     def check(ok, field, message):
       if not ok and field not in unread:
@@ -206,6 +221,15 @@ class ModelConfig:
     unknown = sorted(set(values) - known)
     if unknown:
       raise ValueError(f"config.model has unknown fields {unknown}; known: {sorted(known)}")
+    unread = _other_architectures_fields(values.get("architecture", "transformer"))
+    for field in dataclasses.fields(cls):
+      kind, ok = _FIELD_TYPES[field.type]
+      if field.name not in values or ok(values[field.name]):
+        continue
+      if field.name in unread:  # Never read: the model is the one without it.
+        values[field.name] = field.default
+      else:
+        raise ValueError(f"config.model.{field.name}={values[field.name]!r}: must be {kind}")
     return cls(**values)
 
 

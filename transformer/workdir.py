@@ -51,7 +51,12 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   # Workdirs written before config.model.attention_bias existed were trained with
   # biased attention projections (Flax's default then).
   values.get("model", {}).setdefault("attention_bias", True)
-  return ml_collections.ConfigDict(values)
+  config = ml_collections.ConfigDict(values)
+  try:  # A hand-edited file: its model fields named now, not in a traceback later.
+    config_lib.model_config(config)
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ValueError(f"{path}: {e}") from e
+  return config
 
 
 class ConfigMismatchError(runtime.CommandError):
