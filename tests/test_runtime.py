@@ -57,6 +57,36 @@ def test_compilation_cache_directory_and_off_switch(tmp_path):
   assert cache("0") == ["None", "None"]
 
 
+def test_a_cache_entry_cut_off_by_a_file_size_limit_is_not_left_behind(tmp_path):
+  """JAX writes a cache entry in place and never replaces one: an entry cut off
+  by a full disk (here a file size limit) stayed, and every later run warned
+  that it could not read it and compiled again. The failed write is removed, and
+  the next run writes the entry whole."""
+  script = (
+      "import resource, sys, warnings\n"
+      "import jax, jax.numpy as jnp\n"
+      "from transformer import runtime\n"
+      "runtime.use_compilation_cache()\n"
+      "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)\n"
+      "if sys.argv[1] == 'limited':\n"
+      "  resource.setrlimit(resource.RLIMIT_FSIZE,\n"
+      "                     (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+      "with warnings.catch_warnings(record=True) as caught:\n"
+      "  warnings.simplefilter('always')\n"
+      "  print(float(jax.jit(lambda x: jnp.tanh(x @ x.T).sum())(jnp.ones((8, 8)))))\n"
+      "print(sorted({str(w.message).split(' for ')[0] for w in caught\n"
+      "              if 'persistent compilation cache' in str(w.message)}))\n")
+  env = {**os.environ, runtime.CACHE_ENV: str(tmp_path / "cache")}
+  run = lambda mode: subprocess.run([sys.executable, "-c", script, mode], env=env, cwd=ROOT,
+                                    capture_output=True, text=True, check=True).stdout.split("\n")
+  assert run("limited")[1] == "['Error writing persistent compilation cache entry']"
+  assert not [p for p in os.listdir(tmp_path / "cache") if p.endswith("-cache")]
+  assert run("whole")[1] == "[]"
+  assert run("whole")[1] == "[]"  # Read back: no error reading it.
+  entries = [p for p in os.listdir(tmp_path / "cache") if p.endswith("-cache")]
+  assert entries and all(os.path.getsize(tmp_path / "cache" / e) > 1024 for e in entries)
+
+
 def test_tunable_is_set_once_and_kept_with_others():
   assert run()["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
   assert run(GLIBC_TUNABLES="glibc.malloc.arena_max=2")["GLIBC_TUNABLES"] == (

@@ -162,7 +162,35 @@ def use_compilation_cache():
   # 1 s, left out the teacher-forced loss's programs (0.2-1 s a batch shape), which
   # every `evaluate` then compiled again: ~2 s of a 13 s run on Multi30k.
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+  _remove_failed_cache_writes()
   return path
+
+
+def _remove_failed_cache_writes() -> None:
+  """JAX's cache writes an entry in place and never replaces one that exists
+  (jax._src.lru_cache.LRUCache.put), so an entry cut off by a full disk or a
+  file size limit stayed: every later run warned that it could not read it and
+  compiled again. A write that fails now removes what it wrote. (A kill in the
+  milliseconds of a write can still leave one: delete the cache directory.)
+  Where JAX's cache is not what this expects, it is left as it is."""
+  try:
+    from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  put, suffix = getattr(lru_cache.LRUCache, "put", None), getattr(lru_cache, "_CACHE_SUFFIX", None)
+  if put is None or not isinstance(suffix, str) or getattr(put, "removes_failed_writes", False):
+    return
+
+  def put_or_remove(cache, key, value):
+    try:
+      put(cache, key, value)
+    except BaseException:
+      with contextlib.suppress(Exception):
+        (cache.path / f"{key}{suffix}").unlink()
+      raise
+
+  put_or_remove.removes_failed_writes = True
+  lru_cache.LRUCache.put = put_or_remove
 
 
 # Orbax warns whenever a checkpoint directory is opened read-only, which
