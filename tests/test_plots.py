@@ -58,7 +58,7 @@ def test_weights_reproduce_the_models_cross_attention(tiny):
   model, params, inputs, targets = tiny
   layer = 1
   p = plots.cross_attention_projections(model, params, inputs, targets, -1,
-                                        names=plots.PROJECTIONS)
+                                        names=("query", "key", "value"))
   weights = plots.attention_weights(p["query"], p["key"], inputs)
   mixed = jnp.einsum("bhts,bshk->bthk", weights, p["value"])
   expected = attention.reference_attention(p["query"], p["key"], p["value"],

@@ -199,8 +199,8 @@ def test_fsdp_that_splits_no_parameter_is_warned_of(caplog):
     training._warn_of_idle_fsdp(config, 1, 0)  # pylint: disable=protected-access
     assert "train.fsdp" not in caplog.text
     training._warn_of_idle_fsdp(config, 3, 0)  # pylint: disable=protected-access
-  assert ("train.fsdp is on, but no parameter is split over the data axis (3 devices)"
-          in caplog.text)
+  assert ("train.fsdp is on, but no parameter is split over the data axis (3 devices): "
+          "FSDP splits arrays of at least 16384 values" in caplog.text)
   caplog.clear()
   config.train.fsdp = False
   training._warn_of_idle_fsdp(config, 3, 0)  # pylint: disable=protected-access

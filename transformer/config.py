@@ -328,7 +328,6 @@ def check_config(config) -> None:
   for field in ("optim.weight_decay", "optim.grad_clip_norm"):
     check(value(field) >= 0, field, "must be >= 0 (0 = off)")
   # Packed rows need segment masks; a recurrence would carry its state across them.
-  architecture = config.model.get("architecture", "transformer")
   check(not (config.data.batching == "pack" and architecture == "rnn"), "data.batching",
         "config.model.architecture='rnn' does not support packed rows; use 'bucket'")
   mesh = parse_mesh(config.train.get("mesh", DEFAULT_MESH))

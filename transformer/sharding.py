@@ -128,8 +128,11 @@ def tensor_parallel_axis(path: str):
   return None
 
 
+FSDP_MIN_SIZE = 2**14  # The fewest values of a leaf that FSDP splits.
+
+
 def leaf_spec(shape, data_axis_size: int, fsdp: bool, path: str = "",
-              model_axis_size: int = 1, min_size: int = 2**14) -> P:
+              model_axis_size: int = 1, min_size: int = FSDP_MIN_SIZE) -> P:
   """The leaf's PartitionSpec: its tensor-parallel axis over 'model' (where the
   model axis divides it); then with FSDP the largest other axis that the data
   axis divides over 'data'. Small leaves (biases, LayerNorm scales) are never

@@ -298,8 +298,9 @@ def _warn_of_idle_fsdp(config, data_devices: int, split_arrays: int) -> None:
   the data size divides) would leave every parameter on every device silently."""
   if config.train.fsdp and data_devices > 1 and not split_arrays:
     logging.warning("train.fsdp is on, but no parameter is split over the data axis (%d "
-                    "devices): FSDP splits arrays of at least 2**14 values along an axis "
-                    "that size divides; every device holds every parameter.", data_devices)
+                    "devices): FSDP splits arrays of at least %d values along an axis "
+                    "that size divides; every device holds every parameter.", data_devices,
+                    sharding.FSDP_MIN_SIZE)
 
 
 def _train_and_evaluate(config, workdir: str) -> dict:
