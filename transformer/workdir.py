@@ -164,7 +164,7 @@ def command(name: str, workdir: str):
 
 
 def vocabulary_path(workdir: str, config) -> str:
-  return config.data.get("vocab_path") or os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
+  return tokenizer_lib.vocabulary_path(config.data, workdir)
 
 
 def load_tokenizer(workdir: str, config) -> tokenizer_lib.Tokenizer:

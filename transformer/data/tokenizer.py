@@ -131,21 +131,26 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
   return tok
 
 
+def vocabulary_path(data_config, workdir) -> str:
+  """Where a run's vocabulary is: `data_config.vocab_path` if set, else `{workdir}/spm.model`."""
+  return data_config.get('vocab_path') or os.path.join(workdir, MODEL_FILENAME)
+
+
 def load_or_train(data_config, workdir, texts):
-  """`data_config.vocab_path` if set, else `{workdir}/spm.model` if present, else trains one.
+  """The vocabulary at vocabulary_path: `data_config.vocab_path` if set, else
+  `{workdir}/spm.model` if present, else one trained and saved there.
 
   `texts` (sources and targets together, for a shared vocabulary) is only
-  consumed when training; the trained model is saved to `{workdir}/spm.model`.
+  consumed when training.
   """
-  if data_config.vocab_path:
-    path = data_config.vocab_path
+  path = vocabulary_path(data_config, workdir)
+  if data_config.get('vocab_path'):
     if not os.path.isfile(path):  # open()'s error would name the path, not the field.
       raise FileNotFoundError(f'vocabulary {path} not found (config.data.vocab_path)')
     try:
       return Tokenizer.load(path)
     except ValueError as e:
       raise ValueError(f'{e} (config.data.vocab_path)') from e
-  path = os.path.join(workdir, MODEL_FILENAME)
   if os.path.exists(path):
     return Tokenizer.load(path)
   tok = train(texts, data_config.vocab_type, data_config.vocab_size,
