@@ -13,6 +13,9 @@ environment variable is set; the library reads none of them.
                            `fault: finalizing PATH` first, so a kill lands inside it.
   FAULT_SAVE_DIR=NAME      slows only the saves into the workdir's folder NAME
                            (checkpoints_best, say).
+  FAULT_EVAL_SECONDS=S     sleeps S seconds in each in-training evaluation of the
+                           loss, printing `fault: evaluating` first, so a signal
+                           lands inside it.
   FAULT_SAVE_ERROR_STEP=N[,M...]  the saves of those steps (regular and best)
                            fail with OSError(ENOSPC) while writing, as on a full disk.
 """
@@ -71,6 +74,19 @@ def install_hooks(environ):
       return data._replace(train_batches=_LoggedBatches(data.train_batches, fd, seconds))
 
     data_lib.get_train_and_eval = logged
+
+  eval_seconds = float(environ.get("FAULT_EVAL_SECONDS", 0))
+  if eval_seconds:
+    from transformer import training  # pylint: disable=g-import-not-at-top
+    evaluate_loss = training.evaluate_loss
+
+    def slow_evaluate_loss(*args, **kwargs):
+      sys.stderr.write("fault: evaluating\n")
+      sys.stderr.flush()
+      time.sleep(eval_seconds)
+      return evaluate_loss(*args, **kwargs)
+
+    training.evaluate_loss = slow_evaluate_loss
 
   from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
   save_seconds = float(environ.get("FAULT_SAVE_SECONDS", 0))

@@ -89,6 +89,32 @@ def _stop_and_resume(tmp_path, tfds_dir, reference, stops):
   assert ph.batch_lineage(runs) == reference()[1]
 
 
+def test_a_signal_during_evaluation_stops_at_that_step_and_owes_its_decoding(
+    tmp_path, tfds_dir, reference):
+  """SIGTERM while step 10 is evaluated: the evaluation ends, its decoding is
+  skipped and owed, and the checkpoint is step 10's. Training used to decode,
+  then run step 11 first, longer than a preemption's grace may be (an audit's
+  finding). The resume decodes step 10 and ends where an uninterrupted run ends."""
+  workdir, log, log2 = str(tmp_path / "w"), str(tmp_path / "log"), str(tmp_path / "log2")
+  run = ("--config.train.eval_every=10", "--config.train.decode_every=10",
+         "--config.train.decode_examples=20")
+  process = ph.start_train(workdir, tfds_dir, log, *run, script=FAULT_TRAIN,
+                           env=ph.command_env(FAULT_EVAL_SECONDS="3"))
+  ph.wait_for(log, r"^fault: evaluating", process)
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=120) == 128 + signal.SIGTERM, ph.read(log)[-4000:]
+  text = ph.read(log)
+  assert re.search(r"train: stopped by SIGTERM after step 10, saved as checkpoint 10 ", text), (
+      text[-4000:])
+  assert "] [10] eval/" in text and "] [10] decode/" not in text, text[-4000:]
+  process = ph.start_train(workdir, tfds_dir, log2, *run, script=FAULT_TRAIN)
+  assert process.wait(timeout=600) == 0, ph.read(log2)[-4000:]
+  text = ph.read(log2)
+  assert "Resumed from step 10; running its decode that the stop skipped" in text, text[-4000:]
+  assert "] [10] decode/" in text and "] [10] eval/" not in text, text[-4000:]
+  ph.assert_same_state(ph.restore_final(workdir), reference()[0])
+
+
 def test_kill_9_at_random_moments_ends_where_an_uninterrupted_run_ends(tmp_path, tfds_dir,
                                                                       reference):
   """Three SIGKILLs, each followed by a restart: once a step has run (at a random
@@ -148,27 +174,24 @@ def test_a_failed_save_stops_training_and_keeps_the_last_good_checkpoint(tmp_pat
   ph.assert_same_state(ph.restore_final(workdir), ph.restore_final(reference()[3], 5))
 
 
-def test_failed_saves_at_close_close_everything_and_report_the_first(tmp_path, tfds_dir):
-  """Step 5 is the last, decoded and saved as the first 'best' checkpoint; both
-  saves fail in the background, so both surface at close. The checkpointer's
-  error is the one line; the best checkpointer is still closed (its failure
-  logged, what its save wrote removed), and nothing is left behind."""
+def test_a_failed_best_save_stops_before_the_regular_save_of_its_step(tmp_path, tfds_dir):
+  """Step 5 is the last, decoded to a first 'best' checkpoint, whose save fails
+  in the background. The regular save of step 5 waits for it (a resume must
+  decode that step again where the best one is missing), so it is not started:
+  the best checkpointer's error is the one line, and nothing is left behind."""
   workdir, log = str(tmp_path / "w"), str(tmp_path / "log")
   process = ph.start_train(workdir, tfds_dir, log, "--config.train.num_steps=5",
                            "--config.train.decode_every=5", "--config.train.decode_examples=20",
                            script=FAULT_TRAIN, env=ph.command_env(FAULT_SAVE_ERROR_STEP="5"))
   assert process.wait(timeout=600) == 1, ph.read(log)[-4000:]
-  text = ph.read(log)
-  last = text.strip().splitlines()[-1]
+  last = ph.read(log).strip().splitlines()[-1]
   assert re.fullmatch(
-      r"train: error: checkpoint 5 could not be written to .*/checkpoints: \[Errno 28\] No "
-      r"space left on device: .*\. Training stopped; there is no earlier checkpoint\.", last), last
-  assert re.search(
-      r"Also failed while closing: CheckpointSaveError: best checkpoint 5 could not be written "
-      r"to .*/checkpoints_best: \[Errno 28\] .*Training stopped; there is no best checkpoint "
-      r"yet, and a rerun resumes from the last regular checkpoint\.", text)
+      r"train: error: best checkpoint 5 could not be written to .*/checkpoints_best: "
+      r"\[Errno 28\] No space left on device: .*\. Training stopped; there is no best "
+      r"checkpoint yet, and a rerun resumes from the last regular checkpoint\.", last), last
   assert not chaos.temporaries(workdir)
   assert not os.listdir(os.path.join(workdir, "checkpoints_best"))
+  assert not os.listdir(os.path.join(workdir, "checkpoints"))
 
 
 def test_a_failed_save_is_the_error_reported_not_a_later_one_at_close(tmp_path, tfds_dir):

@@ -3,7 +3,8 @@
 A scheduler preempting a job sends SIGTERM and waits a grace period before
 SIGKILL; Ctrl-C sends SIGINT. Either asks training to finish the step in
 flight, save a checkpoint at that step (skipping that step's evaluation and
-decoding, which the grace period may not cover) and raise Preempted, which
+decoding, which the grace period may not cover, or what is left of them where
+the signal comes during them: `stop_now`) and raise Preempted, which
 train.py turns into exit status 128 + the signal's number (143 for SIGTERM, 130
 for SIGINT: what a shell reports for a process the signal killed), so a
 requeued job, or the same command rerun, resumes from that checkpoint. A second
@@ -101,6 +102,13 @@ class StopSignals:
     if self._job_wide:
       return multihost_utils.reached_preemption_sync_point(step)
     return self.received is not None
+
+  def stop_now(self) -> bool:
+    """Whether a signal came since stop_after(step) said no, and training may
+    stop at that step all the same (skipping the rest of its evaluation and
+    decoding): a process alone may; the processes of a job stop at the step
+    the preemption service names, after the next one."""
+    return not self._job_wide and self.received is not None
 
   @property
   def signum(self) -> int:

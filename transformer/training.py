@@ -385,6 +385,16 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           best.save(step, state, data.train_batches.get_state(),
                     metrics={best_metric: float(decoded[best_metric])})
 
+    def check_pending(step, log: bool):
+      """Every step since the last check is checked before anything is saved."""
+      nonlocal pending, checked
+      pending = jax.device_get(pending)
+      _check_finite(step, pending, checkpointer)
+      checked, pending = checked + pending, []
+      if log and checked:
+        progress.log_train(step, checked, float(schedule(step - 1)))  # Step's update.
+        checked = []
+
     for work in owed:
       {"eval": run_eval, "decode": run_decode}[work](start)
     signals = preemption.StopSignals().install()  # SIGTERM/SIGINT: save, then stop.
@@ -407,30 +417,31 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           ("decode", config.train.decode_every and (
               step % config.train.decode_every == 0 or last))) if now]
       decoding = "decode" in due and not stopping
-      # Every step since the last check is checked before anything is saved.
       if logging_now or decoding or saving:
-        pending = jax.device_get(pending)
-        _check_finite(step, pending, checkpointer)
-        checked, pending = checked + pending, []
-        if logging_now:
-          progress.log_train(step, checked, float(schedule(step - 1)))  # Step's update.
-          checked = []
+        check_pending(step, logging_now)
       progress.report(step)
-      if "eval" in due and not stopping:
-        run_eval(step)
-      if decoding:
-        run_decode(step)
+      # What the stop skips of this step's evaluation and decoding. A process
+      # alone stops at this step too where the signal comes during them.
+      skipped, works = (list(due), []) if stopping else ([], list(due))
+      for i, work in enumerate(works):
+        {"eval": run_eval, "decode": run_decode}[work](step)
+        if not last and signals.stop_now():
+          stopping, saving, skipped = True, True, works[i + 1:]
+          check_pending(step, log=True)
+          break
       if saving:
         data_state = data.train_batches.get_state()
         if stopping:  # Marked: average_checkpoints names it among regular ones.
           data_state[checkpoints.STOPPED] = True
-          if due:
-            data_state[checkpoints.OWED] = due
+          if skipped:
+            data_state[checkpoints.OWED] = skipped
         with progress.timed("save"):  # Waits for the save before, if still writing.
-          if decoding:
+          if "decode" in due and "decode" not in skipped:
             # A best checkpoint of this step is written first: a kill after
             # the regular one would leave none, and a resume from this step
-            # does not decode it again.
+            # does not decode it again. (The regular save before it first:
+            # its failure is the older one.)
+            checkpointer.wait()
             best.wait()
           checkpointer.save(step, state, data_state)
       if stopping:
