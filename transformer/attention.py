@@ -5,8 +5,9 @@ paper's scaled dot product, or for ablations the unscaled dot product, Luong's
 general or Bahdanau's additive score (`attention_scores`).
 
 Shapes: B batch, T query length, S key length, H heads, K head dim (d_k; Kv,
-d_v, where config.d_k makes them differ), D model width, J beams of an item. Masks are boolean, True where attention is allowed, and have
-shape [B, 1, T, S] (or broadcast to it): the 1 is the head axis.
+d_v, where config.d_k makes them differ), D model width, J beams of an item.
+Masks are boolean, True where attention is allowed, and have shape [B, 1, T, S]
+(or broadcast to it): the 1 is the head axis.
 """
 
 import functools

@@ -401,7 +401,7 @@ class TransformerDecoding(ModuleDecoding):
     return traverse_util.unflatten_dict({k: grow(k, v) for k, v in flat.items()})
 
   def beams(self, cache, beam_size):
-    """Adds the decoder's lineage, [N, J, steps] bool (J beams) (attention.beam_attention):
+    """Adds the decoder's lineage, [N, J, steps] bool over J beams (attention.beam_attention):
     beam search then reorders it instead of the keys and values. The keys and
     values are then held in the compute dtype (where attention.self_cache_dtype
     made them float32, bfloat16 beam search is faster with them 16-bit), the

@@ -24,6 +24,7 @@ import numpy as np
 from transformer import attention, files, runtime
 from transformer.model import sinusoidal_table
 
+
 def check_layer(layer: int, num_layers: int) -> None:
   """A ValueError for a decoder layer index (Python's: -1 the last) out of range."""
   if not -num_layers <= layer < num_layers:

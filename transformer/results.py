@@ -130,7 +130,7 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
   found = []
   replaceable = checkpoint in workdir_lib.REPLACEABLE
   current = workdir_lib.checkpoint_identity(variant_dir, checkpoint,
-                                metrics_lib.main_metric(config.data.dataset))
+                                            metrics_lib.main_metric(config.data.dataset))
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
     result = files.read_json_object(path)
     if result is None:

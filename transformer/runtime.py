@@ -169,15 +169,16 @@ def use_compilation_cache():
 def _remove_failed_cache_writes() -> None:
   """JAX's cache writes an entry in place and never replaces one that exists
   (jax._src.lru_cache.LRUCache.put), so an entry cut off by a full disk or a
-  file size limit stayed: every later run warned that it could not read it and
-  compiled again. A write that fails now removes what it wrote. (A kill in the
-  milliseconds of a write can still leave one: delete the cache directory.)
+  file size limit would stay: every later run would warn that it cannot read it
+  and compile again. Here a write that fails removes what it wrote. (A kill in
+  the milliseconds of a write can still leave one: delete the cache directory.)
   Where JAX's cache is not what this expects, it is left as it is."""
   try:
     from jax._src import lru_cache  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
-  put, suffix = getattr(lru_cache.LRUCache, "put", None), getattr(lru_cache, "_CACHE_SUFFIX", None)
+  put = getattr(lru_cache.LRUCache, "put", None)
+  suffix = getattr(lru_cache, "_CACHE_SUFFIX", None)
   if put is None or not isinstance(suffix, str) or getattr(put, "removes_failed_writes", False):
     return
 

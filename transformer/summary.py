@@ -24,6 +24,7 @@ from transformer import workdir as workdir_lib
 from transformer.config import check_config, model_config, overridden_fields, unread_overrides
 from transformer.state import parameter_shapes
 
+
 def parameter_rows(params, depth: int = 3):
   """[(module path, [leaf shapes], count)] grouped by the first `depth` path parts."""
   rows = collections.OrderedDict()

@@ -439,8 +439,8 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           if "decode" in due and "decode" not in skipped:
             # A best checkpoint of this step is written first: a kill after
             # the regular one would leave none, and a resume from this step
-            # does not decode it again. (The regular save before it first:
-            # its failure is the older one.)
+            # does not decode it again. The regular save before both is
+            # waited for first, so that its failure, the older, is reported.
             checkpointer.wait()
             best.wait()
           checkpointer.save(step, state, data_state)
