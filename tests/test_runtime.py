@@ -4,6 +4,7 @@ keep TensorFlow's start-up notes off their stderr."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -281,12 +282,23 @@ def test_tensorflow_settings_already_set_are_kept():
     assert out.stdout.strip() == printed
 
 
-def test_a_ctrl_c_outside_training_s_steps_is_one_line_and_status_130(capsys):
+def test_a_ctrl_c_outside_training_s_steps_is_one_line_and_ends_by_sigint():
   """Ctrl-C at start-up or in evaluate or translate printed KeyboardInterrupt's
-  traceback and ended the process by SIGINT; now one line and the status a shell
-  gives a process SIGINT stopped (training's own stop exits 130 too)."""
-  with pytest.raises(SystemExit) as stopped:
-    with runtime.one_line_errors("evaluate"):
-      raise KeyboardInterrupt
-  assert stopped.value.code == 130
-  assert capsys.readouterr().err == "evaluate: interrupted\n"
+  traceback; now one line. The process still ends by SIGINT (status 130 in a
+  shell), so that a shell loop running the command stops too: an exit status of
+  130 alone let bash go on to the loop's next command."""
+  script = ("import time\n"
+            "from transformer import runtime\n"
+            "with runtime.one_line_errors('evaluate'):\n"
+            "  print('ready', flush=True)\n"
+            "  time.sleep(60)\n")
+  # A terminal's Ctrl-C: SIGINT to the foreground process group, the loop's shell too.
+  loop = subprocess.Popen(
+      ["bash", "-c", f"for i in 1 2; do {sys.executable} -c \"{script}\"; done; echo after"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  assert loop.stdout.readline() == "ready\n"
+  os.killpg(loop.pid, signal.SIGINT)
+  out, err = loop.communicate(timeout=60)
+  assert err == "evaluate: interrupted\n" and "after" not in out, (out, err)
+  assert loop.returncode == -signal.SIGINT, loop.returncode

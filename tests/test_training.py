@@ -93,6 +93,28 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   assert restore_params(workdir, config)[2] == 40
 
 
+def test_a_failed_last_save_is_raised_when_called_while_handling_an_error(tmp_path, data_dir,
+                                                                         monkeypatch):
+  """Training called from an except block (a notebook's retry, a fallback):
+  the close took the caller's handled exception for one that stopped the run,
+  so a failed save of the last checkpoint was only logged, and the call
+  returned as if all were saved."""
+  close = checkpoints.Checkpointer.close
+
+  def failing_close(self):
+    close(self)
+    if os.path.basename(self.directory) == workdir_lib.CHECKPOINT_DIRS["latest"]:
+      raise checkpoints.CheckpointSaveError("checkpoint 2 could not be written (stand-in)")
+
+  monkeypatch.setattr(checkpoints.Checkpointer, "close", failing_close)
+  config = tiny_experiment(data_dir, num_steps=2, eval_every=100)
+  try:
+    raise KeyError("the caller's own")
+  except KeyError:
+    with pytest.raises(checkpoints.CheckpointSaveError, match="checkpoint 2 could not be"):
+      training.train_and_evaluate(config, str(tmp_path / "w"))
+
+
 def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
   """Bitwise: the restart restores exactly the saved arrays and the data iterator
   position, and the same compiled step runs on the same inputs on one CPU. The

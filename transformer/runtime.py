@@ -46,6 +46,7 @@ import ctypes.util
 import importlib.util
 import logging
 import os
+import signal
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
@@ -242,8 +243,10 @@ def one_line_errors(command: str, extra=()):
   the problem, and a traceback would only bury it. The traceback still goes to
   absl's log at DEBUG level (`--verbosity=1` shows it). A Ctrl-C that reaches
   the block (start-up, evaluate, translate: training's steps take theirs as a
-  stop request) is `{command}: interrupted` and status 130, as a shell reports
-  a process that SIGINT stopped; what the command wrote is kept as it left it."""
+  stop request) is `{command}: interrupted`, and the process then ends by
+  SIGINT, as Python's own handling ends it: a shell reports status 130, and a
+  shell script or loop running the command stops too. What the command wrote
+  is kept as it left it."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   try:
     yield
@@ -253,7 +256,10 @@ def one_line_errors(command: str, extra=()):
   except KeyboardInterrupt:
     absl_logging.debug("%s interrupted", command, exc_info=True)
     sys.stderr.write(f"{command}: interrupted\n")
-    sys.exit(130)
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(130)  # Where the signal does not end the process.
 
 
 def parse_flags(argv, command: str, config_flag: str = "config", flag_values=None):

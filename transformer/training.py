@@ -7,7 +7,6 @@ import contextlib
 import functools
 import json
 import os
-import sys
 import time
 
 from absl import logging
@@ -326,6 +325,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
   _warn_of_idle_fsdp(config, mesh.shape[sharding.DATA_AXIS], split(sharding.DATA_AXIS))
 
   checkpointer = best = progress = signals = None  # Closed at the end, as far as made.
+  in_flight = None  # What stopped the run, if anything did.
   try:
     directory = lambda name: os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS[name])
     checkpointer = checkpoints.Checkpointer(directory("latest"),
@@ -421,14 +421,16 @@ def _train_and_evaluate(config, workdir: str) -> dict:
         check_pending(step, logging_now)
       progress.report(step)
       # What the stop skips of this step's evaluation and decoding. A process
-      # alone stops at this step too where the signal comes during them.
+      # alone stops at this step too where the signal comes before or during
+      # them (asked before each and after the last).
       skipped, works = (list(due), []) if stopping else ([], list(due))
-      for i, work in enumerate(works):
-        {"eval": run_eval, "decode": run_decode}[work](step)
+      for i, work in enumerate(works + [None] if works else []):
         if not last and signals.stop_now():
-          stopping, saving, skipped = True, True, works[i + 1:]
+          stopping, saving, skipped = True, True, works[i:]
           check_pending(step, log=True)
           break
+        if work:
+          {"eval": run_eval, "decode": run_decode}[work](step)
       if saving:
         data_state = data.train_batches.get_state()
         if stopping:  # Marked: average_checkpoints names it among regular ones.
@@ -446,11 +448,14 @@ def _train_and_evaluate(config, workdir: str) -> dict:
           checkpointer.save(step, state, data_state)
       if stopping:
         raise preemption.Preempted(signals.signum, step, checkpointer.directory)
+  except BaseException as e:
+    in_flight = e
+    raise
   finally:
     # A stop (non-finite values, Ctrl-C, an error) waits for the saves in flight,
     # so that no half-written checkpoint is left behind; each is closed even when
     # one before it failed (a save that failed in the background raises at close).
     _close_all([getattr(signals, "restore", None), getattr(checkpointer, "close", None),
                 getattr(best, "close", None), getattr(progress, "close", None),
-                getattr(data.train_batches, "close", None)], in_flight=sys.exc_info()[1])
+                getattr(data.train_batches, "close", None)], in_flight=in_flight)
   return eval_metrics
