@@ -75,7 +75,9 @@ VOCABULARY_TEXT = ("data.dataset", "data.source_lang", "data.target_lang", "data
 def _text_moved(saved: dict, config) -> list:
   """data.text_dir, where a 'parallel_text' vocabulary's text was read, now another
   directory, as a change (field, old, new, why): its files may be another corpus.
-  (Checkpoints may follow moved text; their data position checks the rows.)"""
+  (Checkpoints may follow moved text; their data position checks the rows.)
+  Both are resolved from the current directory, the only one known: the same
+  relative path given from another directory is not caught."""
   old, new = saved.get("data", {}).get("text_dir"), config.data.get("text_dir")
   if config.data.dataset != "parallel_text" or not old or not new:
     return []
