@@ -17,6 +17,7 @@ from transformer import runtime
 
 if __name__ == "__main__":
   runtime.use_fast_malloc()  # Before JAX starts; see transformer/runtime.py.
+  runtime.catch_interrupts()  # A Ctrl-C from here on is not lost (start-up is long).
 
 import sys  # pylint: disable=g-import-not-at-top
 

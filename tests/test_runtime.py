@@ -58,6 +58,28 @@ def test_compilation_cache_directory_and_off_switch(tmp_path):
   assert cache("0") == ["None", "None"]
 
 
+def test_a_ctrl_c_swallowed_where_it_was_raised_still_stops_training():
+  """Python raises a SIGINT's KeyboardInterrupt wherever the main thread is: in
+  a callback that swallows exceptions (JAX's garbage-collection callback), it
+  was lost, and a Ctrl-C at start-up let training run to its last step. Here a
+  __del__ swallows it; the check before the training loop raises it again."""
+  script = ("import gc, signal\n"
+            "from transformer import runtime\n"
+            "class Swallows:\n"
+            "  def __del__(self):\n"
+            "    signal.raise_signal(signal.SIGINT)\n"
+            "    sum(range(1000))  # Python's handler runs here, inside __del__.\n"
+            "with runtime.one_line_errors('train'):\n"
+            "  Swallows()\n"
+            "  gc.collect()\n"
+            "  print('went on', flush=True)\n"
+            "  runtime.raise_lost_interrupt()\n"
+            "  print('trained to the end', flush=True)\n")
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+  assert out.stdout == "went on\n" and "Exception ignored" in out.stderr, out
+  assert out.stderr.endswith("train: interrupted\n") and out.returncode == -signal.SIGINT, out
+
+
 def test_a_cache_entry_cut_off_by_a_file_size_limit_is_not_left_behind(tmp_path):
   """JAX writes a cache entry in place and never replaces one: an entry cut off
   by a full disk (here a file size limit) stayed, and every later run warned

@@ -48,6 +48,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
@@ -236,6 +237,34 @@ class CommandError(Exception):
 ONE_LINE_ERRORS = (OSError, ValueError, CommandError)
 
 
+_interrupted = []  # A SIGINT came (catch_interrupts), whether or not its exception ended anything.
+
+
+def _interrupt(signum, frame):
+  del signum, frame
+  _interrupted.append(True)
+  raise KeyboardInterrupt
+
+
+def catch_interrupts() -> None:
+  """SIGINT raises KeyboardInterrupt, as Python's own handler does, and is
+  remembered: raised inside a callback that swallows exceptions (JAX's garbage
+  collection callback prints `Exception ignored ... KeyboardInterrupt` and goes
+  on), a Ctrl-C at start-up was lost, and training went on to its last step.
+  raise_lost_interrupt() raises it again. Only where Python's handler is set
+  (the main thread; training's own stop handler replaces this one meanwhile)."""
+  if (threading.current_thread() is threading.main_thread()
+      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, _interrupt)
+
+
+def raise_lost_interrupt() -> None:
+  """KeyboardInterrupt where a SIGINT came and this code still runs: its
+  exception was swallowed where it was raised (catch_interrupts)."""
+  if _interrupted:
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def one_line_errors(command: str, extra=()):
   """Turns ONE_LINE_ERRORS (and `extra`) raised in the block into
@@ -248,6 +277,7 @@ def one_line_errors(command: str, extra=()):
   shell script or loop running the command stops too. What the command wrote
   is kept as it left it."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  catch_interrupts()
   try:
     yield
   except ONE_LINE_ERRORS + tuple(extra) as e:

@@ -17,7 +17,7 @@ import optax
 
 from transformer import checkpoints, data as data_lib, files, inference, lock, losses
 from transformer import metrics as metrics_lib
-from transformer import distributed, preemption, sharding, state as state_lib
+from transformer import distributed, preemption, runtime, sharding, state as state_lib
 from transformer import workdir as workdir_lib
 from transformer.config import check_config, check_model_axis, resolve_dtype
 
@@ -397,6 +397,7 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
     for work in owed:
       {"eval": run_eval, "decode": run_decode}[work](start)
+    runtime.raise_lost_interrupt()  # A Ctrl-C at start-up stops here, if nothing did.
     signals = preemption.StopSignals().install()  # SIGTERM/SIGINT: save, then stop.
     for step in range(start + 1, config.train.num_steps + 1):
       waited = time.perf_counter()
