@@ -415,3 +415,14 @@ def test_arbitrary_unicode_gives_one_line_per_line_and_counts_the_overlong(resto
     assert "\n" not in out and (out == "" if not line.strip() else True)
   tokens = restored.tokenizer.encode_batch([line.strip() for line in lines])
   assert overlong.count == sum(len(ids) + 1 > limit for ids in tokens)
+
+
+def test_help_lists_the_decoding_flags_translate_shares_with_evaluate():
+  """--help listed translate's own flags alone: --workdir, --mode, --checkpoint
+  and the other decoding flags showed only under --helpfull."""
+  out = subprocess.run([sys.executable, "-m", "transformer.translate", "--help"], cwd=ROOT,
+                       capture_output=True, text=True)
+  listed = set(re.findall(r"^\s+--(\w+):", out.stdout + out.stderr, re.M))
+  assert {"workdir", "checkpoint", "mode", "beam_size", "alpha", "max_extra_len",
+          "tokens_per_batch", "chunk_lines", "compact", "refill", "input", "output",
+          "temperature", "seed"} <= listed, out.stdout[-3000:]

@@ -307,13 +307,16 @@ def main(argv):
 
 if __name__ == "__main__":
   evaluate.define_decode_flags(DECODE_MODES, "beam")
+  flags.adopt_module_key_flags(evaluate)  # Listed by --help with translate's own.
   flags.DEFINE_string("input", "-", "Sentences, one a line; '-' reads stdin.")
   flags.DEFINE_string("output", "-", "Translations, one a line; '-' writes stdout.")
   flags.DEFINE_string("plot_attention", None, "Image file for the attention heatmap of the "
-                      "first non-empty input line (its format from the suffix: .png, .svg, .pdf, ...).")
+                      "first non-empty input line (its format from the suffix: .png, .svg, "
+                      ".pdf, ...).")
   flags.DEFINE_integer("layer", -1, "Decoder layer to plot (-1: the last).")
   flags.DEFINE_string("head", "all", "all (one panel per head) | avg | a head number.")
   flags.DEFINE_integer("seed", 0, "Sampling seed (--mode sample).", lower_bound=0,
                        upper_bound=2**32 - 1)
-  flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample; 0: the argmax, as --mode greedy).")
+  flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample; 0: the "
+                     "argmax, as --mode greedy).")
   app.run(main)
