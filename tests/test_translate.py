@@ -220,7 +220,8 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--input -: every process of a multi-process job"):
       translate.run(workdir, "-", str(out))
   for temperature in (-1.0, float("nan"), float("inf")):
-    with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0 \(0 = greedy\)"):
+    with pytest.raises(ValueError,
+                       match=r"temperature must be a finite number >= 0 \(0 = greedy\)"):
       translate.run(workdir, "-", str(out), mode="sample", temperature=temperature)
   with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^32\)"):
     translate.run(workdir, "-", str(out), mode="sample", seed=2**32)
