@@ -75,7 +75,8 @@ def test_a_ctrl_c_swallowed_where_it_was_raised_still_stops_training():
             "  print('went on', flush=True)\n"
             "  runtime.raise_lost_interrupt()\n"
             "  print('trained to the end', flush=True)\n")
-  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                       preexec_fn=_as_from_a_terminal)
   assert out.stdout == "went on\n" and "Exception ignored" in out.stderr, out
   assert out.stderr.endswith("train: interrupted\n") and out.returncode == -signal.SIGINT, out
 
@@ -304,6 +305,12 @@ def test_tensorflow_settings_already_set_are_kept():
     assert out.stdout.strip() == printed
 
 
+def _as_from_a_terminal():
+  """SIGINT as a command started from a terminal has it: a test runner started
+  in the background of a script (nohup ... &) ignores it, and so would its children."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_ctrl_c_outside_training_s_steps_is_one_line_and_ends_by_sigint():
   """Ctrl-C at start-up or in evaluate or translate printed KeyboardInterrupt's
   traceback; now one line. The process still ends by SIGINT (status 130 in a
@@ -318,7 +325,7 @@ def test_a_ctrl_c_outside_training_s_steps_is_one_line_and_ends_by_sigint():
   loop = subprocess.Popen(
       ["bash", "-c", f"for i in 1 2; do {sys.executable} -c \"{script}\"; done; echo after"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
+      start_new_session=True, preexec_fn=_as_from_a_terminal)
   assert loop.stdout.readline() == "ready\n"
   os.killpg(loop.pid, signal.SIGINT)
   out, err = loop.communicate(timeout=60)
