@@ -75,8 +75,8 @@ def test_a_ctrl_c_swallowed_where_it_was_raised_still_stops_training():
             "  print('went on', flush=True)\n"
             "  runtime.raise_lost_interrupt()\n"
             "  print('trained to the end', flush=True)\n")
-  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                       preexec_fn=_as_from_a_terminal)
+  out = subprocess.run(_as_from_a_terminal([sys.executable, "-c", script]), cwd=ROOT,
+                       capture_output=True, text=True)
   assert out.stdout == "went on\n" and "Exception ignored" in out.stderr, out
   assert out.stderr.endswith("train: interrupted\n") and out.returncode == -signal.SIGINT, out
 
@@ -305,10 +305,14 @@ def test_tensorflow_settings_already_set_are_kept():
     assert out.stdout.strip() == printed
 
 
-def _as_from_a_terminal():
-  """SIGINT as a command started from a terminal has it: a test runner started
-  in the background of a script (nohup ... &) ignores it, and so would its children."""
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _as_from_a_terminal(argv):
+  """`argv` run with SIGINT as a command started from a terminal has it: a test
+  runner started in the background of a script (nohup ... &) ignores it, and so
+  would its children. (Reset by an exec'ing Python, not a preexec_fn, which would
+  fork this multithreaded process.)"""
+  return [sys.executable, "-c", "import os, signal, sys; "
+          "signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])",
+          *argv]
 
 
 def test_a_ctrl_c_outside_training_s_steps_is_one_line_and_ends_by_sigint():
@@ -322,10 +326,10 @@ def test_a_ctrl_c_outside_training_s_steps_is_one_line_and_ends_by_sigint():
             "  print('ready', flush=True)\n"
             "  time.sleep(60)\n")
   # A terminal's Ctrl-C: SIGINT to the foreground process group, the loop's shell too.
-  loop = subprocess.Popen(
-      ["bash", "-c", f"for i in 1 2; do {sys.executable} -c \"{script}\"; done; echo after"],
+  loop = subprocess.Popen(_as_from_a_terminal(
+      ["bash", "-c", f"for i in 1 2; do {sys.executable} -c \"{script}\"; done; echo after"]),
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True, preexec_fn=_as_from_a_terminal)
+      start_new_session=True)
   assert loop.stdout.readline() == "ready\n"
   os.killpg(loop.pid, signal.SIGINT)
   out, err = loop.communicate(timeout=60)
