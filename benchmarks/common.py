@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from configs import base as base_config
+from transformer import files
 from transformer.data import pipeline
 from transformer.data.tokenizer import EOS_ID
 
@@ -271,3 +272,21 @@ def probed_peak(measure, n, dtype, budget_s=30.0, repeats=5):
                   f"({probe / 1e9:.1f} GFLOP/s at {m}^3)")
   return measure(n, repeats=repeats, dtype=dtype), None
 
+
+def check_flags(parser, args, least=(), outputs=()) -> None:
+  """parser.error, before any work, for a flag below its least value (`least`:
+  {name: minimum}; a list flag by its smallest; an unset one passes) or an output
+  file that cannot be written (files.check_output): a bad value would fail deep in
+  a run, or print a wrong table, and a bad output path only after everything was
+  measured."""
+  for name, minimum in dict(least).items():
+    value = getattr(args, name)
+    low = min(value) if isinstance(value, list) else value
+    if low is not None and low < minimum:
+      parser.error(f"--{name} must be at least {minimum}, got {low}")
+  for name in outputs:
+    if getattr(args, name):
+      try:
+        files.check_output(getattr(args, name), f"--{name}")
+      except ValueError as e:
+        parser.error(str(e))

@@ -29,10 +29,11 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   from transformer import runtime
   runtime.use_fast_malloc()
 
+from benchmarks import common  # pylint: disable=g-import-not-at-top
 from configs import base as base_config  # pylint: disable=g-import-not-at-top
 from transformer import config as config_lib  # pylint: disable=g-import-not-at-top
 from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
-from transformer import evaluate, files, inference, runtime  # pylint: disable=g-import-not-at-top
+from transformer import evaluate, inference, runtime  # pylint: disable=g-import-not-at-top
 from transformer import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
 
 
@@ -112,14 +113,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   # Checked before any work: --runs 0 has no median, --limit -5 would slice off
   # the last 5 sentences, and a bad --json path would fail after the benchmark.
-  for name in ("runs", "limit"):
-    if getattr(args, name) is not None and getattr(args, name) < 1:
-      parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-  if args.json:
-    try:
-      files.check_output(args.json, "--json")
-    except ValueError as e:
-      parser.error(str(e))
+  common.check_flags(parser, args, least=dict.fromkeys(("runs", "limit"), 1),
+                     outputs=("json",))
   with runtime.one_line_errors("decode_ab"):
     return run(args)
 

@@ -42,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # pylint: disable=g-import-not-at-top
 
 from benchmarks import common
-from transformer import attention, files, runtime, sharding, state as state_lib, training
+from transformer import attention, runtime, sharding, state as state_lib, training
 
 VARIANTS = ("dropout=0", "rbg", "reference_attn", "xla_attn", "bfloat16", "pack")
 
@@ -186,20 +186,14 @@ def main(argv=None):
   # Checked before any work: a count below 1 has no median, or (--tokens_per_batch 0)
   # stood for the default; a misspelt variant re-timed the baseline under its name;
   # a bad --json path failed only after everything was timed.
-  for name in ("steps", "tokens_per_batch"):
-    if getattr(args, name) is not None and getattr(args, name) < 1:
-      p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+  common.check_flags(p, args, least=dict.fromkeys(("steps", "tokens_per_batch"), 1),
+                     outputs=("json",))
   names = (VARIANTS if args.variants == "all" else
            [] if args.variants == "none" else list(filter(None, args.variants.split(","))))
   unknown = [name for name in names if name not in VARIANTS]
   if unknown:
     p.error(f"--variants: no variant {unknown[0]!r} (variants: {', '.join(VARIANTS)}; "
             "or all, or none)")
-  if args.json:
-    try:
-      files.check_output(args.json, "--json")
-    except ValueError as e:
-      p.error(str(e))
   size = dataclasses.replace(common.SIZES[args.size], dtype=args.dtype,
                              tokens_per_batch=args.tokens_per_batch
                              or common.SIZES[args.size].tokens_per_batch)

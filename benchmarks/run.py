@@ -378,9 +378,8 @@ def main(argv=None):
                  help=f"steps timed after a {allocators.PAUSE_S} s pause each")
   p.add_argument("--malloc_rounds", type=int, default=2)
   args = p.parse_args(argv)
-  for name in ("steps", "tokens_per_batch", "decode_sentences", "decode_repeats"):
-    if getattr(args, name) is not None and getattr(args, name) < 1:
-      p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+  common.check_flags(p, args, least=dict.fromkeys(
+      ("steps", "tokens_per_batch", "decode_sentences", "decode_repeats"), 1))
 
   names = ["smoke"] if args.smoke else [args.config] if args.config else args.sizes.split(",")
   try:

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import common
-from transformer import attention, files, runtime
+from transformer import attention, runtime
 
 PAPER = {  # Table 1: complexity per layer, sequential operations, maximum path length.
     "self-attention": ("O(n^2 d)", "O(1)", "O(1)"),
@@ -274,17 +274,7 @@ def main(argv=None):
     args.lengths, args.dims, args.repeats, args.path_lengths = [16, 32], [32], 1, [16]
   # Checked before any work: a bad value fails in JAX, or prints a wrong table, and
   # a bad output path would fail only after everything was measured.
-  for name, least in LEAST.items():
-    values = getattr(args, name)
-    low = min(values) if isinstance(values, list) else values
-    if low < least:
-      p.error(f"--{name} must be at least {least}, got {low}")
-  for flag in ("json", "plot"):
-    try:
-      if getattr(args, flag):
-        files.check_output(getattr(args, flag), f"--{flag}")
-    except ValueError as e:
-      p.error(str(e))
+  common.check_flags(p, args, least=LEAST, outputs=("json", "plot"))
 
   results = {"args": vars(args), "meta": {
       "device": str(jax.devices()[0]), "platform": platform.platform(),
