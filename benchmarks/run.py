@@ -379,7 +379,8 @@ def main(argv=None):
   p.add_argument("--malloc_rounds", type=int, default=2)
   args = p.parse_args(argv)
   common.check_flags(p, args, least=dict.fromkeys(
-      ("steps", "tokens_per_batch", "decode_sentences", "decode_repeats"), 1))
+      ("steps", "tokens_per_batch", "decode_sentences", "decode_repeats"), 1),
+      outputs=("json",))
 
   names = ["smoke"] if args.smoke else [args.config] if args.config else args.sizes.split(",")
   try:

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -359,6 +360,15 @@ def test_a_count_below_one_is_refused_by_name(flag, capsys):
   with pytest.raises(SystemExit):
     run.main(["--smoke", flag, "0"])
   assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_json_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys):
+  """benchmarks.run opened --json only after every measurement: a missing folder
+  threw the whole run away, as table1, profile and decode_ab already refuse."""
+  with pytest.raises(SystemExit):
+    run.main(["--smoke", "--json", str(tmp_path / "none" / "r.json")])
+  assert re.search(r"--json '.*r\.json': its folder '.*none' does not exist",
+                   capsys.readouterr().err)
 
 
 def test_gpu_check_stands_in_for_clu_s_tensorboard_writer_without_tensorflow(tmp_path):
