@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -308,6 +309,33 @@ def test_a_vocabulary_alone_fixes_where_its_text_was_read(tmp_path):
     workdir_lib.check_resume_config(workdir, rerun)
   (tmp_path / "w" / "checkpoints" / "3").mkdir(parents=True)
   workdir_lib.check_resume_config(workdir, rerun)
+
+
+def test_a_vocabulary_records_its_text_dir_absolute(tmp_path, monkeypatch):
+  """config.json keeps text_dir as given: 'corpus' from one directory and
+  'corpus' from another are two corpora. The vocabulary's record holds the
+  absolute place, so the rerun from elsewhere is refused, and another spelling
+  of the same place from there passes."""
+  for place in ("a/corpus", "b/corpus"):
+    (tmp_path / place).mkdir(parents=True)
+  monkeypatch.chdir(tmp_path / "a")
+  config = tiny_experiment(tmp_path / "tfds")
+  config.data.dataset = "parallel_text"
+  config.data.text_dir = "corpus"
+  workdir = _trained_looking_workdir(tmp_path, config, checkpoint=False)
+  workdir_lib.record_vocabulary(workdir, config, types.SimpleNamespace(vocab_size=32))
+  monkeypatch.chdir(tmp_path / "b")
+  with pytest.raises(workdir_lib.ConfigMismatchError,
+                     match=r"data.text_dir '.*/a/corpus' -> 'corpus' \(the vocabulary was "
+                     r"trained on the text there\)"):
+    workdir_lib.check_resume_config(workdir, config)
+  config.data.text_dir = "../a/corpus"
+  workdir_lib.check_resume_config(workdir, config)
+  # A record left by a vocabulary since replaced says nothing of the new one: the
+  # check falls back to config.json's path, resolved here.
+  (tmp_path / "w" / "spm.model").write_bytes(b"another vocabulary")
+  config.data.text_dir = "corpus"
+  workdir_lib.check_resume_config(workdir, config)
 
 
 def test_checkpoints_without_their_config_or_vocabulary_stop_the_run(tmp_path):

@@ -72,16 +72,19 @@ SCORE_FIELDS = ("train.decode_mode", "train.decode_examples", "data.eval_split",
 VOCABULARY_TEXT = ("data.dataset", "data.source_lang", "data.target_lang", "data.train_split")
 
 
-def _text_moved(saved: dict, config) -> list:
+def _text_moved(workdir: str, saved: dict, config) -> list:
   """data.text_dir, where a 'parallel_text' vocabulary's text was read, now another
   directory, as a change (field, old, new, why): its files may be another corpus.
   (Checkpoints may follow moved text; their data position checks the rows.)
-  Both are resolved from the current directory, the only one known: the same
-  relative path given from another directory is not caught."""
-  old, new = saved.get("data", {}).get("text_dir"), config.data.get("text_dir")
-  if config.data.dataset != "parallel_text" or not old or not new:
+  The place compared is the absolute one VOCABULARY_RECORD holds for this very
+  vocabulary; without it (a run killed before writing it, an older workdir),
+  config.json's path resolved from the current directory, which cannot tell the
+  same relative path given from another directory."""
+  new = config.data.get("text_dir")
+  if config.data.dataset != "parallel_text" or not new:
     return []
-  if os.path.realpath(old) == os.path.realpath(new):  # The same place, spelt otherwise.
+  old = _recorded_text_dir(workdir) or saved.get("data", {}).get("text_dir")
+  if not old or os.path.realpath(old) == os.path.realpath(new):  # Same place, spelt otherwise.
     return []
   return [("data.text_dir", old, new, "the vocabulary was trained on the text there")]
 
@@ -124,7 +127,7 @@ def check_resume_config(workdir: str, config) -> None:
   if not has_checkpoints:
     fixed = [change for change in fixed
              if change[3] == config_lib.VOCABULARY_REASON or change[0] in VOCABULARY_TEXT]
-    fixed += _text_moved(saved, config)
+    fixed += _text_moved(workdir, saved, config)
   if fixed:
     untrained = "" if has_checkpoints else (
         f", or delete {vocabulary} (no checkpoint uses it yet) to train a new vocabulary")
@@ -189,8 +192,24 @@ def _sha256(path: str) -> str:
 
 
 def record_vocabulary(workdir: str, config, tokenizer) -> None:
-  files.write_atomic(os.path.join(workdir, VOCABULARY_RECORD), json.dumps(
-      {"sha256": _sha256(vocabulary_path(workdir, config)), "pieces": tokenizer.vocab_size}))
+  """Writes VOCABULARY_RECORD; for 'parallel_text', with the absolute text_dir
+  the vocabulary's text was read from (relative paths depend on the directory)."""
+  record = {"sha256": _sha256(vocabulary_path(workdir, config)), "pieces": tokenizer.vocab_size}
+  if config.data.dataset == "parallel_text" and config.data.get("text_dir"):
+    record["text_dir"] = os.path.abspath(config.data.text_dir)
+  files.write_atomic(os.path.join(workdir, VOCABULARY_RECORD), json.dumps(record))
+
+
+def _recorded_text_dir(workdir: str) -> Optional[str]:
+  """The absolute text_dir VOCABULARY_RECORD holds, where it records the
+  workdir's present vocabulary; else None (no record, a damaged one, or one left
+  by a vocabulary since deleted)."""
+  record_path = os.path.join(workdir, VOCABULARY_RECORD)
+  record = files.read_json_object(record_path) if os.path.isfile(record_path) else None
+  path = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
+  if not (record and isinstance(record.get("text_dir"), str) and os.path.isfile(path)):
+    return None
+  return record["text_dir"] if record.get("sha256") == _sha256(path) else None
 
 
 def check_vocabulary(workdir: str, config) -> None:
