@@ -415,6 +415,30 @@ def test_a_failing_batch_stops_concurrent_decoding_with_its_error(workdir, monke
                          restored.mesh, tokens_per_batch=64, concurrent_batches=2)
 
 
+def test_a_swallowed_ctrl_c_stops_decoding_at_the_next_batch(workdir, monkeypatch):
+  """A Ctrl-C whose KeyboardInterrupt a callback swallowed (runtime.catch_interrupts
+  remembers it) stops decode_ids once the batch in flight is done, not after the
+  split's last batch."""
+  restored, examples = _split_and_model(workdir)
+  compiled, calls = inference._compiled, []  # pylint: disable=protected-access
+  monkeypatch.setattr(runtime, "_interrupted", [])
+
+  def interrupted_in_first(*args):
+    fn = compiled(*args)
+
+    def run(*inputs):
+      calls.append(1)
+      runtime._interrupted.append(True)  # pylint: disable=protected-access
+      return fn(*inputs)
+    return run
+
+  monkeypatch.setattr(inference, "_compiled", interrupted_in_first)
+  with pytest.raises(KeyboardInterrupt):
+    inference.decode_ids(restored.model, restored.params, examples, restored.config,
+                         restored.mesh, tokens_per_batch=64, concurrent_batches=1)
+  assert len(calls) == 1
+
+
 def test_batches_at_once_is_one_where_concurrent_programs_could_fail(monkeypatch):
   """config.decode.concurrent_batches (2 where a saved config lacks it), a
   request over it; but one batch at a time in a multi-process job and on any

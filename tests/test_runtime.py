@@ -63,22 +63,35 @@ def test_a_ctrl_c_swallowed_where_it_was_raised_still_stops_training():
   a callback that swallows exceptions (JAX's garbage-collection callback), it
   was lost, and a Ctrl-C at start-up let training run to its last step. Here a
   __del__ swallows it; the check before the training loop raises it again."""
+  out = _swallowed_ctrl_c("train", "  runtime.raise_lost_interrupt()\n"
+                                   "  print('trained to the end', flush=True)\n")
+  assert out.stdout == "went on\n" and "Exception ignored" in out.stderr, out
+  assert out.stderr.endswith("train: interrupted\n") and out.returncode == -signal.SIGINT, out
+
+
+def test_a_ctrl_c_swallowed_in_a_command_still_ends_it_by_sigint():
+  """evaluate or translate with a swallowed Ctrl-C finished and exited 0, and a
+  shell loop over them went on: the command's block ends as interrupted."""
+  out = _swallowed_ctrl_c("evaluate", "  print('decoded', flush=True)\n")
+  assert out.stdout == "went on\ndecoded\n" and "Exception ignored" in out.stderr, out
+  assert out.stderr.endswith("evaluate: interrupted\n") and out.returncode == -signal.SIGINT, out
+
+
+def _swallowed_ctrl_c(command, rest):
+  """Runs `rest` in `command`'s one_line_errors block after a __del__ swallowed
+  a SIGINT's KeyboardInterrupt, as JAX's garbage-collection callback does."""
   script = ("import gc, signal\n"
             "from transformer import runtime\n"
             "class Swallows:\n"
             "  def __del__(self):\n"
             "    signal.raise_signal(signal.SIGINT)\n"
             "    sum(range(1000))  # Python's handler runs here, inside __del__.\n"
-            "with runtime.one_line_errors('train'):\n"
+            f"with runtime.one_line_errors({command!r}):\n"
             "  Swallows()\n"
             "  gc.collect()\n"
-            "  print('went on', flush=True)\n"
-            "  runtime.raise_lost_interrupt()\n"
-            "  print('trained to the end', flush=True)\n")
-  out = subprocess.run(_as_from_a_terminal([sys.executable, "-c", script]), cwd=ROOT,
-                       capture_output=True, text=True)
-  assert out.stdout == "went on\n" and "Exception ignored" in out.stderr, out
-  assert out.stderr.endswith("train: interrupted\n") and out.returncode == -signal.SIGINT, out
+            "  print('went on', flush=True)\n" + rest)
+  return subprocess.run(_as_from_a_terminal([sys.executable, "-c", script]), cwd=ROOT,
+                        capture_output=True, text=True)
 
 
 def test_a_cache_entry_cut_off_by_a_file_size_limit_is_not_left_behind(tmp_path):

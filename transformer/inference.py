@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from transformer import data as data_lib
-from transformer import decode, search, sharding, state as state_lib
+from transformer import decode, runtime, search, sharding, state as state_lib
 from transformer import metrics as metrics_lib
 
 # Compiled decoders by (settings, batch shape, parameter layout). jax.jit would also
@@ -161,6 +161,7 @@ def decode_ids(model, params, examples, config, mesh, *, mode="greedy", beam_siz
   pool = futures.ThreadPoolExecutor(workers) if workers > 1 else None
   try:
     for indices, ids in (pool.map if pool else map)(run, jobs):
+      runtime.raise_lost_interrupt()  # A Ctrl-C swallowed meanwhile stops here, not at the end.
       for row, index in enumerate(indices):
         out[index] = _cut(ids[row])
   finally:

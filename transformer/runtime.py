@@ -272,7 +272,8 @@ def one_line_errors(command: str, extra=()):
   the problem, and a traceback would only bury it. The traceback still goes to
   absl's log at DEBUG level (`--verbosity=1` shows it). A Ctrl-C that reaches
   the block (start-up, evaluate, translate: training's steps take theirs as a
-  stop request) is `{command}: interrupted`, and the process then ends by
+  stop request) is `{command}: interrupted`, also where its exception was
+  swallowed (raise_lost_interrupt at the block's end), and the process then ends by
   SIGINT, as Python's own handling ends it: a shell reports status 130, and a
   shell script or loop running the command stops too. What the command wrote
   is kept as it left it."""
@@ -280,6 +281,7 @@ def one_line_errors(command: str, extra=()):
   catch_interrupts()
   try:
     yield
+    raise_lost_interrupt()  # Swallowed where it was raised: the command still ends by it.
   except ONE_LINE_ERRORS + tuple(extra) as e:
     absl_logging.debug("%s stopped on", command, exc_info=True)
     sys.exit(f"{command}: error: {e}")
