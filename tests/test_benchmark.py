@@ -419,7 +419,7 @@ def test_out_of_memory_in_a_size_names_the_batch_and_what_to_change(monkeypatch)
 
 @pytest.fixture(scope="module")
 def decode_workdir(tmp_path_factory):
-  from tests.test_evaluate import trained_workdir  # pylint: disable=g-import-not-at-top
+  from tests.workdirs import trained_workdir  # pylint: disable=g-import-not-at-top
   return trained_workdir(tmp_path_factory)
 
 

@@ -1,7 +1,7 @@
 """Tests for transformer/checkpoints.py: the array checksums, and the Checkpointer
 on a tiny state (unreadable checkpoints set aside, the best checkpoints). The
 save/restore paths are tested end to end in test_training.py, test_faults.py
-and test_evaluate.py."""
+and test_workdir.py."""
 
 import asyncio
 import gc

@@ -1,72 +1,30 @@
 """Tests for transformer/evaluate.py: the scores against sacreBLEU and hand counts,
-and the command on a tiny trained SCAN workdir (shared with test_translate)."""
+and the command on the tiny trained SCAN workdir (tests/workdirs.py)."""
 
 import fcntl
-import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import threading
-import types
 
 import hypothesis
-import jax
 from hypothesis import strategies as st
 import numpy as np
 import pytest
 import sacrebleu
 
-from tests.helpers import fake_workdir, tiny_experiment
+from tests.workdirs import Stopped, rnn_workdir, stop_at, trained_workdir
 from transformer import data as data_lib
-from transformer import decode, evaluate, inference, metrics, results, runtime, training
+from transformer import evaluate, inference, metrics, results, runtime
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def trained_workdir(tmp_path_factory):
-  """A 20-step tiny SCAN run (checkpoints 10 and 20), trained once per test session:
-  it lives in the session's base temp dir, so every module asking gets the same one."""
-  base = tmp_path_factory.getbasetemp() / "tiny_trained_workdir"
-  done = base / "DONE"
-  if not done.exists():
-    shutil.rmtree(base, ignore_errors=True)  # A half-built one from a failed attempt.
-    config = tiny_experiment(base / "tfds", num_steps=20, eval_every=100, checkpoint_every=10)
-    training.train_and_evaluate(config, str(base / "run"))
-    done.touch()
-  return str(base / "run")
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   return trained_workdir(tmp_path_factory)
-
-
-def rnn_workdir(path, name="rnn", **decode_fields):
-  """A workdir holding only the config.json of a tiny RNN run (config.decode
-  fields changed as given): what evaluate and translate check before any work."""
-  config = tiny_experiment(os.path.join(path, "tfds"))
-  config.model.architecture = "rnn"
-  config.data.batching = "bucket"
-  config.decode.update(decode_fields)
-  fake_workdir(os.path.join(path, name), config)
-  return os.path.join(path, name)
-
-
-class Stopped(Exception):
-  """Raised where a test stops a command that has started its work."""
-
-
-def stop_at(monkeypatch, *names):
-  """Makes workdir_lib's functions `names` (restore, load_tokenizer: the work)
-  raise Stopped."""
-  def stopped(*args, **kwargs):
-    raise Stopped
-  for name in names:
-    monkeypatch.setattr(workdir_lib, name, stopped)
 
 
 # ----------------------------------------------------------------------------
@@ -295,173 +253,6 @@ def test_a_second_run_of_the_same_evaluation_stops_and_leaves_the_first_alone(wo
   assert not os.path.exists(stem + ".txt.partial")
 
 
-def test_decode_ab_compares_compaction_and_refill_with_the_same_outputs(
-    workdir, tmp_path, monkeypatch, capsys):
-  """benchmarks.decode_ab: config.decode variants on a workdir, interleaved, their
-  outputs compared (compaction and refill must not change one), one table row each."""
-  from benchmarks import decode_ab  # pylint: disable=import-outside-toplevel
-  out = tmp_path / "ab.json"
-  monkeypatch.setattr(sys, "argv", [
-      "decode_ab", "--workdir", workdir, "--split", "test", "--limit", "24", "--runs", "2",
-      "--variant", "compact=0", "--variant", "compact=1,tokens_per_batch=128",
-      "--variant", "refill=3", "--json", str(out)])
-  decode_ab.main()
-  printed = capsys.readouterr().out
-  assert "outputs identical" in printed
-  table = [line for line in printed.splitlines() if line.startswith(("| compact", "| refill"))]
-  assert len(table) == 3 and table[0].split("|")[4].strip() == "1.00x"
-  rows = json.loads(out.read_text())["rows"]
-  assert [len(r["sentences_per_second"]) for r in rows] == [2, 2, 2]
-  assert [r["changed_outputs"] for r in rows] == [0, 0, 0]
-  assert decode_ab.parse_variant("compact=2,x=a") == {"compact": 2, "x": "a"}
-  with pytest.raises(ValueError, match="not name=value"):
-    decode_ab.parse_variant("compact")
-
-
-def _split_and_model(workdir, limit=40):
-  restored = workdir_lib.restore(workdir)
-  examples = next(data_lib.iter_eval(restored.config.data, restored.tokenizer, "test", 10**6,
-                                     limit))[0]
-  return restored, examples
-
-
-def test_refill_searches_a_normal_batch_of_sentences_at_a_time(workdir, monkeypatch):
-  """decode_ids with refill = 4: batches of 4 x tokens_per_batch, each searched as
-  many sentences at a time as a batch of tokens_per_batch holds (eval_rows), so a
-  small batch is not searched a few sentences at a time; a batch no larger than
-  that, and beam size 1, search the whole batch as without refill. The outputs
-  are those without refill."""
-  restored, examples = _split_and_model(workdir)
-  seen = []
-  encode_and_decode = decode.encode_and_decode
-
-  def recording(model, params, inputs_BxS, **kw):
-    seen.append((inputs_BxS.shape, kw["refill"]))
-    return encode_and_decode(model, params, inputs_BxS, **kw)
-
-  monkeypatch.setattr(decode, "encode_and_decode", recording)
-
-  def run(examples, refill, beam_size=2):
-    """(outputs, (batch shape, refill) of each batch traced)."""
-    inference._COMPILED.clear()  # pylint: disable=protected-access
-    seen.clear()
-    outputs = [ids.tolist() for ids in inference.decode_ids(
-        restored.model, restored.params, examples, restored.config, restored.mesh,
-        mode="beam", beam_size=beam_size, max_extra_len=10, tokens_per_batch=64,
-        refill=refill)]
-    return outputs, list(seen)
-
-  refilled, batches = run(examples, 4)
-  assert refilled == run(examples, 0)[0]
-  assert any(n for _, n in batches), batches
-  for (rows, width), n in batches:
-    full = data_lib.eval_rows(width, 64)
-    assert n == (full if rows > full else 0), (rows, width, n)
-  small, batches = run(examples[:3], 4)  # One small batch: searched whole.
-  assert small == run(examples[:3], 0)[0] and [n for _, n in batches] == [0]
-  one_beam, batches = run(examples, 4, beam_size=1)
-  assert batches == run(examples, 0, beam_size=1)[1] and not any(n for _, n in batches)
-  assert one_beam == run(examples, 0, beam_size=1)[0]
-
-
-def test_concurrent_batches_run_at_once_and_give_the_outputs_of_one_at_a_time(
-    workdir, monkeypatch):
-  """decode_ids with 3 batches at once: each batch's program is entered from its
-  own thread while another is in flight (a barrier that two must reach
-  together), and greedy and beam outputs equal those of one batch at a time."""
-  restored, examples = _split_and_model(workdir)
-  kw = dict(tokens_per_batch=64, beam_size=2, max_extra_len=10)
-  decode = lambda mode, n, timings=None: [ids.tolist() for ids in inference.decode_ids(
-      restored.model, restored.params, examples, restored.config, restored.mesh, mode=mode,
-      concurrent_batches=n, timings=timings, **kw)]
-  serial = {mode: decode(mode, 1) for mode in ("greedy", "beam")}
-  compiled = inference._compiled  # pylint: disable=protected-access
-  together, calls, threads = threading.Barrier(2, timeout=30), itertools.count(), set()
-
-  def meeting(*args):
-    fn = compiled(*args)
-
-    def run(*inputs):
-      threads.add(threading.get_ident())
-      if next(calls) < 2:  # The first two batches wait for each other: one at a time fails.
-        together.wait()
-      return fn(*inputs)
-    return run
-
-  monkeypatch.setattr(inference, "_compiled", meeting)
-  timings = {}
-  assert decode("greedy", 3, timings) == serial["greedy"]
-  assert timings["batches"] >= 4 and len(threads) >= 2
-  monkeypatch.setattr(inference, "_compiled", compiled)
-  assert decode("beam", 3) == serial["beam"]
-
-
-def test_a_failing_batch_stops_concurrent_decoding_with_its_error(workdir, monkeypatch):
-  restored, examples = _split_and_model(workdir)
-  compiled, calls = inference._compiled, []  # pylint: disable=protected-access
-
-  def fails_second(*args):
-    fn = compiled(*args)
-    calls.append(1)
-    if len(calls) == 2:
-      def fail(*_):
-        raise RuntimeError("batch 2 failed")
-      return fail
-    return fn
-
-  monkeypatch.setattr(inference, "_compiled", fails_second)
-  with pytest.raises(RuntimeError, match="batch 2 failed"):
-    inference.decode_ids(restored.model, restored.params, examples, restored.config,
-                         restored.mesh, tokens_per_batch=64, concurrent_batches=2)
-
-
-def test_a_swallowed_ctrl_c_stops_decoding_at_the_next_batch(workdir, monkeypatch):
-  """A Ctrl-C whose KeyboardInterrupt a callback swallowed (runtime.catch_interrupts
-  remembers it) stops decode_ids once the batch in flight is done, not after the
-  split's last batch."""
-  restored, examples = _split_and_model(workdir)
-  compiled, calls = inference._compiled, []  # pylint: disable=protected-access
-  monkeypatch.setattr(runtime, "_interrupted", [])
-
-  def interrupted_in_first(*args):
-    fn = compiled(*args)
-
-    def run(*inputs):
-      calls.append(1)
-      runtime._interrupted.append(True)  # pylint: disable=protected-access
-      return fn(*inputs)
-    return run
-
-  monkeypatch.setattr(inference, "_compiled", interrupted_in_first)
-  with pytest.raises(KeyboardInterrupt):
-    inference.decode_ids(restored.model, restored.params, examples, restored.config,
-                         restored.mesh, tokens_per_batch=64, concurrent_batches=1)
-  assert len(calls) == 1
-
-
-def test_batches_at_once_is_one_where_concurrent_programs_could_fail(monkeypatch):
-  """config.decode.concurrent_batches (2 where a saved config lacks it), a
-  request over it; but one batch at a time in a multi-process job and on any
-  accelerator (on a GPU, concurrent programs crashed: a segfault in training's
-  decode, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED in evaluate)."""
-  config = tiny_experiment("unused")
-  mesh = lambda platform, n: types.SimpleNamespace(
-      size=n, devices=np.array([types.SimpleNamespace(platform=platform)] * n))
-  config.decode.concurrent_batches = 3
-  assert inference.batches_at_once(config, mesh("cpu", 1)) == 3
-  assert inference.batches_at_once(config, mesh("cpu", 8)) == 3
-  assert inference.batches_at_once(config, mesh("gpu", 1)) == 1
-  assert inference.batches_at_once(config, mesh("gpu", 1), requested=4) == 1
-  assert inference.batches_at_once(config, mesh("gpu", 2)) == 1
-  assert inference.batches_at_once(config, mesh("tpu", 1)) == 1
-  del config.decode["concurrent_batches"]
-  assert inference.batches_at_once(config, mesh("cpu", 1)) == inference.CONCURRENT_BATCHES == 2
-  with pytest.raises(ValueError, match="concurrent_batches must be >= 1"):
-    inference.batches_at_once(config, mesh("cpu", 1), requested=-1)
-  monkeypatch.setattr(jax, "process_count", lambda: 2)
-  assert inference.batches_at_once(config, mesh("cpu", 1)) == 1
-
-
 def test_perplexity_is_the_one_training_logged(workdir):
   """Per target token, without label smoothing: on training's eval split and last
   checkpoint, evaluate reports the eval/perplexity training logged at its last step."""
@@ -470,132 +261,6 @@ def test_perplexity_is_the_one_training_logged(workdir):
   assert result["step"] == 20
   assert result["perplexity"] == pytest.approx(logged, rel=1e-5)
   assert result["perplexity"] == pytest.approx(np.exp(result["nll"]), rel=1e-6)
-
-
-def test_missing_workdir_or_damaged_config_is_named(tmp_path):
-  with pytest.raises(FileNotFoundError, match="does not exist"):
-    evaluate.run(str(tmp_path / "nowhere"))
-  with pytest.raises(FileNotFoundError, match="config.json not found"):
-    evaluate.run(str(tmp_path))
-  (tmp_path / "config.json").write_text('{"model": ')  # Truncated.
-  with pytest.raises(ValueError, match=r"config.json is not valid JSON .*line 1 column 11"):
-    evaluate.run(str(tmp_path))
-  (tmp_path / "config.json").write_text('[1, 2]')
-  with pytest.raises(ValueError, match=r"config.json holds a list, not a config"):
-    evaluate.run(str(tmp_path))
-  (tmp_path / "config.json").write_text('{"model": {}, "data": {}}')  # Sections lost.
-  with pytest.raises(ValueError, match=r"config.json lacks the config section\(s\) optim, "
-                     "train, decode"):
-    evaluate.run(str(tmp_path))
-
-
-def test_a_hand_edited_model_field_of_the_wrong_type_is_named(workdir, tmp_path):
-  """A config.json whose model.num_heads is "2" ended evaluate in a TypeError's
-  traceback deep in the model's checks; it is now one line naming the file."""
-  edited = tmp_path / "w"
-  shutil.copytree(workdir, edited)
-  config = json.loads((edited / "config.json").read_text())
-  for field, value, kind in (("num_heads", "2", "an integer"), ("dropout", "0.1", "a number"),
-                             ("share_embeddings", 1, "true or false")):
-    wrong = {**config, "model": {**config["model"], field: value}}
-    (edited / "config.json").write_text(json.dumps(wrong))
-    with pytest.raises(ValueError, match=re.escape(
-        f"{edited / 'config.json'}: config.model.{field}={value!r}: must be {kind}")):
-      evaluate.run(str(edited))
-
-
-def test_a_best_checkpoint_being_replaced_is_named(tmp_path):
-  best = tmp_path / "checkpoints_best"
-  os.makedirs(best / "15.replaced")
-  with pytest.raises(FileNotFoundError, match=r"the best checkpoint in .* is being replaced "
-                     r"\(15.replaced\): rerun once training has saved the new one"):
-    workdir_lib.checkpoint_location(str(tmp_path), "best")
-  os.makedirs(best / "15")  # The new one is complete: it is read.
-  assert workdir_lib.checkpoint_location(str(tmp_path), "best") == (str(best), None)
-
-
-def test_an_evaluation_of_an_average_since_replaced_is_not_collected(workdir, tmp_path):
-  """average_checkpoints --last 2, evaluate --checkpoint averaged, then --last 1:
-  both averages are of step 20. evaluate records the steps it averaged, and the
-  sweep's table drops its figures once another average holds the name (the old
-  code recorded the step alone, and the table showed the old average's)."""
-  from transformer.average_checkpoints import average_checkpoints
-  copy = str(tmp_path / "run")
-  shutil.copytree(workdir, copy)
-  assert average_checkpoints(copy, last=2) == (20, [10, 20])
-  result, _ = evaluate.run(copy, split="test[:5]", checkpoint="averaged", mode="greedy")
-  assert result["checkpoint_identity"] == {"step": 20, "averaged_steps": [10, 20]}
-  config = workdir_lib.load_config(copy)
-  collected = lambda: results.evaluation(copy, config, "test[:5]", "greedy", "averaged", 20)
-  assert collected() == result
-  assert average_checkpoints(copy, last=1) == (20, [20])
-  assert collected() is None
-
-
-def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_path):
-  """Training records its vocabulary's SHA-256 and size (vocabulary.json). A
-  spm.model replaced by another of as many pieces restored without a word, and
-  every id meant another piece; one of another size failed in Orbax as a damaged
-  checkpoint. Both now stop evaluate (and a resume) naming the vocabulary."""
-  from transformer.data import tokenizer as tokenizer_lib
-  copy = str(tmp_path / "run")
-  shutil.copytree(workdir, copy)
-  config = workdir_lib.load_config(copy)
-  original = workdir_lib.load_tokenizer(copy, config)
-  record = json.loads(open(os.path.join(copy, workdir_lib.VOCABULARY_RECORD)).read())
-  assert record["pieces"] == original.vocab_size
-  words = [f"w{i}" for i in range(100)]
-  for size, other_bytes in ((original.vocab_size, ", and other bytes"), (40, "")):
-    tokenizer_lib.train([" ".join(words)], "word", size).save(os.path.join(copy, "spm.model"))
-    message = (rf"vocabulary .*spm.model is not the one .*run's checkpoints were trained with "
-               rf"\({size} pieces, against {original.vocab_size} then{other_bytes}; "
-               r"vocabulary.json records it\): put the original back")
-    with pytest.raises(workdir_lib.ConfigMismatchError, match=message):
-      evaluate.run(copy, split="test[:5]", mode="greedy")
-    with pytest.raises(workdir_lib.ConfigMismatchError, match=message):
-      workdir_lib.check_resume_config(copy, config)
-  shutil.copy(os.path.join(workdir, "spm.model"), os.path.join(copy, "spm.model"))
-  workdir_lib.check_resume_config(copy, config)  # The original passes.
-  open(os.path.join(copy, workdir_lib.VOCABULARY_RECORD), "w").write("{")
-  with pytest.raises(ValueError, match=r"vocabulary.json is damaged .* delete it to go on"):
-    evaluate.run(copy, split="test[:5]", mode="greedy")
-
-
-def test_unknown_or_absent_checkpoint_is_named(workdir):
-  with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
-    evaluate.run(workdir, checkpoint="newest")
-  with pytest.raises(FileNotFoundError, match=r"no checkpoints? (at|in) .*checkpoints_best"):
-    evaluate.run(workdir, split="test[:5]", checkpoint="best")
-  with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 7 .* \[10, 20\]"):
-    evaluate.run(workdir, split="test[:5]", checkpoint="7")
-
-
-def test_unreadable_checkpoints_are_named_in_one_line_and_kept(workdir, tmp_path):
-  """A damaged checkpoint (its state's _METADATA gone) asked for by step, then
-  every checkpoint damaged: a one-line error naming the directory and the step,
-  from the library and from the command (no traceback), and nothing moved."""
-  from transformer import checkpoints
-  damaged = str(tmp_path / "damaged")
-  shutil.copytree(workdir, damaged)
-  ckpt = os.path.join(damaged, "checkpoints")
-  os.remove(os.path.join(ckpt, "20", "state", "_METADATA"))
-  with pytest.raises(checkpoints.UnreadableCheckpointError,
-                     match=r"checkpoint 20 in .*checkpoints is unreadable") as e:
-    evaluate.run(damaged, split="test[:5]", checkpoint="20")
-  assert "\n" not in str(e.value)
-  os.remove(os.path.join(ckpt, "10", "state", "_METADATA"))
-  with pytest.raises(checkpoints.UnreadableCheckpointError,
-                     match=r"no readable checkpoint in .*checkpoints .*step 20: .*step 10: "):
-    evaluate.run(damaged, split="test[:5]")
-  result = subprocess.run(
-      [sys.executable, "-m", "transformer.translate", "--workdir", damaged],
-      input="walk\n", cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-  assert result.returncode == 1 and not result.stdout
-  errors = [l for l in result.stderr.splitlines() if l.startswith("translate: error:")]
-  assert len(errors) == 1 and "no readable checkpoint" in errors[0], result.stderr[-3000:]
-  assert "Traceback" not in result.stderr
-  assert checkpoints.complete_steps(ckpt) == [10, 20]  # Set aside by no one.
 
 
 def test_unknown_split_and_bad_settings_are_named(workdir):

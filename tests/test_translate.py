@@ -10,7 +10,7 @@ import sys
 from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
-from tests.test_evaluate import Stopped, rnn_workdir, stop_at, trained_workdir
+from tests.workdirs import Stopped, rnn_workdir, stop_at, trained_workdir
 from tests.test_plots import assert_png
 from transformer import decode, inference, translate
 from transformer import workdir as workdir_lib

@@ -1,0 +1,150 @@
+"""Tests for transformer/workdir.py as the commands meet it: a missing or
+damaged config.json, a vocabulary other than the checkpoints', checkpoint names
+and unreadable checkpoints, each named in one line (through evaluate, and
+translate's command line), on the tiny trained SCAN workdir."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.workdirs import trained_workdir
+from transformer import evaluate, results
+from transformer import workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  return trained_workdir(tmp_path_factory)
+
+
+def test_missing_workdir_or_damaged_config_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    evaluate.run(str(tmp_path / "nowhere"))
+  with pytest.raises(FileNotFoundError, match="config.json not found"):
+    evaluate.run(str(tmp_path))
+  (tmp_path / "config.json").write_text('{"model": ')  # Truncated.
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON .*line 1 column 11"):
+    evaluate.run(str(tmp_path))
+  (tmp_path / "config.json").write_text('[1, 2]')
+  with pytest.raises(ValueError, match=r"config.json holds a list, not a config"):
+    evaluate.run(str(tmp_path))
+  (tmp_path / "config.json").write_text('{"model": {}, "data": {}}')  # Sections lost.
+  with pytest.raises(ValueError, match=r"config.json lacks the config section\(s\) optim, "
+                     "train, decode"):
+    evaluate.run(str(tmp_path))
+
+
+def test_a_hand_edited_model_field_of_the_wrong_type_is_named(workdir, tmp_path):
+  """A config.json whose model.num_heads is "2" ended evaluate in a TypeError's
+  traceback deep in the model's checks; it is now one line naming the file."""
+  edited = tmp_path / "w"
+  shutil.copytree(workdir, edited)
+  config = json.loads((edited / "config.json").read_text())
+  for field, value, kind in (("num_heads", "2", "an integer"), ("dropout", "0.1", "a number"),
+                             ("share_embeddings", 1, "true or false")):
+    wrong = {**config, "model": {**config["model"], field: value}}
+    (edited / "config.json").write_text(json.dumps(wrong))
+    with pytest.raises(ValueError, match=re.escape(
+        f"{edited / 'config.json'}: config.model.{field}={value!r}: must be {kind}")):
+      evaluate.run(str(edited))
+
+
+def test_a_best_checkpoint_being_replaced_is_named(tmp_path):
+  best = tmp_path / "checkpoints_best"
+  os.makedirs(best / "15.replaced")
+  with pytest.raises(FileNotFoundError, match=r"the best checkpoint in .* is being replaced "
+                     r"\(15.replaced\): rerun once training has saved the new one"):
+    workdir_lib.checkpoint_location(str(tmp_path), "best")
+  os.makedirs(best / "15")  # The new one is complete: it is read.
+  assert workdir_lib.checkpoint_location(str(tmp_path), "best") == (str(best), None)
+
+
+def test_an_evaluation_of_an_average_since_replaced_is_not_collected(workdir, tmp_path):
+  """average_checkpoints --last 2, evaluate --checkpoint averaged, then --last 1:
+  both averages are of step 20. evaluate records the steps it averaged, and the
+  sweep's table drops its figures once another average holds the name (the old
+  code recorded the step alone, and the table showed the old average's)."""
+  from transformer.average_checkpoints import average_checkpoints
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  assert average_checkpoints(copy, last=2) == (20, [10, 20])
+  result, _ = evaluate.run(copy, split="test[:5]", checkpoint="averaged", mode="greedy")
+  assert result["checkpoint_identity"] == {"step": 20, "averaged_steps": [10, 20]}
+  config = workdir_lib.load_config(copy)
+  collected = lambda: results.evaluation(copy, config, "test[:5]", "greedy", "averaged", 20)
+  assert collected() == result
+  assert average_checkpoints(copy, last=1) == (20, [20])
+  assert collected() is None
+
+
+def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_path):
+  """Training records its vocabulary's SHA-256 and size (vocabulary.json). A
+  spm.model replaced by another of as many pieces restored without a word, and
+  every id meant another piece; one of another size failed in Orbax as a damaged
+  checkpoint. Both now stop evaluate (and a resume) naming the vocabulary."""
+  from transformer.data import tokenizer as tokenizer_lib
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  config = workdir_lib.load_config(copy)
+  original = workdir_lib.load_tokenizer(copy, config)
+  record = json.loads(open(os.path.join(copy, workdir_lib.VOCABULARY_RECORD)).read())
+  assert record["pieces"] == original.vocab_size
+  words = [f"w{i}" for i in range(100)]
+  for size, other_bytes in ((original.vocab_size, ", and other bytes"), (40, "")):
+    tokenizer_lib.train([" ".join(words)], "word", size).save(os.path.join(copy, "spm.model"))
+    message = (rf"vocabulary .*spm.model is not the one .*run's checkpoints were trained with "
+               rf"\({size} pieces, against {original.vocab_size} then{other_bytes}; "
+               r"vocabulary.json records it\): put the original back")
+    with pytest.raises(workdir_lib.ConfigMismatchError, match=message):
+      evaluate.run(copy, split="test[:5]", mode="greedy")
+    with pytest.raises(workdir_lib.ConfigMismatchError, match=message):
+      workdir_lib.check_resume_config(copy, config)
+  shutil.copy(os.path.join(workdir, "spm.model"), os.path.join(copy, "spm.model"))
+  workdir_lib.check_resume_config(copy, config)  # The original passes.
+  open(os.path.join(copy, workdir_lib.VOCABULARY_RECORD), "w").write("{")
+  with pytest.raises(ValueError, match=r"vocabulary.json is damaged .* delete it to go on"):
+    evaluate.run(copy, split="test[:5]", mode="greedy")
+
+
+def test_unknown_or_absent_checkpoint_is_named(workdir):
+  with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
+    evaluate.run(workdir, checkpoint="newest")
+  with pytest.raises(FileNotFoundError, match=r"no checkpoints? (at|in) .*checkpoints_best"):
+    evaluate.run(workdir, split="test[:5]", checkpoint="best")
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 7 .* \[10, 20\]"):
+    evaluate.run(workdir, split="test[:5]", checkpoint="7")
+
+
+def test_unreadable_checkpoints_are_named_in_one_line_and_kept(workdir, tmp_path):
+  """A damaged checkpoint (its state's _METADATA gone) asked for by step, then
+  every checkpoint damaged: a one-line error naming the directory and the step,
+  from the library and from the command (no traceback), and nothing moved."""
+  from transformer import checkpoints
+  damaged = str(tmp_path / "damaged")
+  shutil.copytree(workdir, damaged)
+  ckpt = os.path.join(damaged, "checkpoints")
+  os.remove(os.path.join(ckpt, "20", "state", "_METADATA"))
+  with pytest.raises(checkpoints.UnreadableCheckpointError,
+                     match=r"checkpoint 20 in .*checkpoints is unreadable") as e:
+    evaluate.run(damaged, split="test[:5]", checkpoint="20")
+  assert "\n" not in str(e.value)
+  os.remove(os.path.join(ckpt, "10", "state", "_METADATA"))
+  with pytest.raises(checkpoints.UnreadableCheckpointError,
+                     match=r"no readable checkpoint in .*checkpoints .*step 20: .*step 10: "):
+    evaluate.run(damaged, split="test[:5]")
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer.translate", "--workdir", damaged],
+      input="walk\n", cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert result.returncode == 1 and not result.stdout
+  errors = [l for l in result.stderr.splitlines() if l.startswith("translate: error:")]
+  assert len(errors) == 1 and "no readable checkpoint" in errors[0], result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  assert checkpoints.complete_steps(ckpt) == [10, 20]  # Set aside by no one.
