@@ -4,6 +4,7 @@ sweep of tiny variants, and the signals passed on to train.py."""
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,34 @@ def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_pat
   longer = sweep_lib.resolve(path, sets=["train.num_steps=9"])
   assert sweep_run.run_local(longer, workdir, FakeTrainer()) == {
       "base": "finished", "ls0": "stale"}
+
+
+def test_a_finished_variant_without_checkpoints_is_not_trained_again_in_place(tmp_path):
+  """Checkpoints deleted to free the disk: the rerun with other settings trained
+  the finished variant again in its workdir, overwrote its status and
+  config.json, and its evaluate results were then labelled with the new
+  settings. It is 'stale' like one with checkpoints; so is one holding evaluate
+  results alone; a failed attempt that left nothing runs again."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
+  workdir = str(tmp_path / "runs")
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
+  assert sweep_run.run_local(sweep, workdir, FakeTrainer(fail={"ls0"})) == {
+      "base": "finished", "ls0": "failed"}
+  for name in ("base", "ls0"):
+    shutil.rmtree(os.path.join(workdir, name, "checkpoints"), ignore_errors=True)
+  before = results.read_status(os.path.join(workdir, "base"))
+  config_json = open(os.path.join(workdir, "base", "config.json")).read()
+  other = sweep_lib.resolve(path, sets=["train.num_steps=5", "model.dropout=0.0"])
+  trainer = FakeTrainer()
+  assert sweep_run.run_local(other, workdir, trainer) == {"base": "stale", "ls0": "finished"}
+  assert trainer.calls == ["ls0"]
+  assert results.read_status(os.path.join(workdir, "base")) == before
+  assert open(os.path.join(workdir, "base", "config.json")).read() == config_json
+  # Evaluate results alone (a status lost or never written) are kept alike.
+  os.remove(os.path.join(workdir, "base", results.STATUS_FILE))
+  open(os.path.join(workdir, "base", "eval_test_greedy.json"), "w").write("{}")
+  assert sweep_run.run_local(other, workdir, FakeTrainer())["base"] == "stale"
 
 
 def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_path):

@@ -5,6 +5,7 @@ and the signals that stop them."""
 
 import contextlib
 import functools
+import glob
 import json
 import os
 import shlex
@@ -141,6 +142,18 @@ def _finished_as(previous: dict, recipe: dict, variant_dir: str) -> bool:
     return False  # Settings that no longer load: the checks below decide.
 
 
+def _results_held(previous: dict, variant_dir: str) -> Optional[str]:
+  """What a variant without checkpoints (deleted to free the disk, say) still
+  holds of a finished training, as '... were'; None where nothing. Training it
+  again in place with other settings would overwrite its status and label its
+  evaluate results with the new settings."""
+  if previous.get("status") == "finished":
+    return "its finished run's results were"
+  if glob.glob(os.path.join(variant_dir, "eval_*.json")):
+    return "its evaluate results were"
+  return None
+
+
 # Held in <variant dir>/.sweep while a sweep decides on a variant and trains it:
 # another sweep on the same workdir then finds the variant busy, also in the
 # seconds between this one writing 'running' and its train.py taking the
@@ -196,10 +209,12 @@ def _run_variant(sweep, variant, workdir: str, train,
   trained = previous or os.path.exists(os.path.join(variant_dir, "config.json"))
   changes = recipe_changes(previous, recipe, variant_dir) if trained else []
   reached = results.latest_step(variant_dir)
-  if changes and reached is not None:
-    logging.error("%s: not run: its checkpoints were trained with other settings (%s); "
-                  "use another --workdir, or remove %s to train it again.",
-                  variant.name, "; ".join(changes), variant_dir)
+  held = ("its checkpoints were" if reached is not None
+          else _results_held(previous, variant_dir))
+  if changes and held:
+    logging.error("%s: not run: %s trained with other settings (%s); use another "
+                  "--workdir, or remove %s to train it again.",
+                  variant.name, held, "; ".join(changes), variant_dir)
     return "stale"
   if reached is not None and reached > variant.config.train.num_steps:
     logging.warning("%s: trained to step %d already, past train.num_steps=%d: skipped, "
