@@ -84,6 +84,33 @@ def test_an_evaluation_of_an_average_since_replaced_is_not_collected(workdir, tm
   assert collected() is None
 
 
+def test_an_evaluation_of_a_checkpoint_trained_again_is_not_collected(workdir, tmp_path, caplog):
+  """A workdir whose checkpoints were deleted and trained again under other
+  settings holds a new checkpoint of the old step: the old evaluate JSON
+  matched it by step, and the table showed the old run's scores under the new
+  run's label. evaluate records the checksums of the arrays it scored, and the
+  table skips a JSON of other checksums, naming it; a JSON from before the
+  record is read as before."""
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  result, path = evaluate.run(copy, split="test[:5]", mode="greedy")
+  assert result[workdir_lib.CHECKSUMS_KEY]
+  config = workdir_lib.load_config(copy)
+  collected = lambda: results.evaluation(copy, config, "test[:5]", "greedy", "latest", 20)
+  assert collected() == result
+  # Another checkpoint 20: its arrays' checksums (what a save records) differ.
+  metadata = os.path.join(copy, "checkpoints", "20", "checksums", "metadata")
+  saved = json.loads(open(metadata).read())
+  first = sorted(saved["state"])[0]
+  saved["state"][first] += 1
+  open(metadata, "w").write(json.dumps(saved))
+  assert collected() is None
+  assert f"Skipping {path}: it scored another checkpoint 20 than {copy} holds now" in caplog.text
+  del result[workdir_lib.CHECKSUMS_KEY]
+  open(path, "w").write(json.dumps(result))
+  assert collected() == result
+
+
 def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_path):
   """Training records its vocabulary's SHA-256 and size (vocabulary.json). A
   spm.model replaced by another of as many pieces restored without a word, and

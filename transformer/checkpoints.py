@@ -33,6 +33,8 @@ could not read is unreadable for all.
 """
 
 import glob
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -193,6 +195,18 @@ def saved_metrics(directory: str, step: int):
   read as Orbax reads them."""
   return ocp.JsonCheckpointHandler(filename=_METRICS).restore(
       epath.Path(directory) / str(step) / _METRICS)
+
+
+def checksums_digest(directory: str, step: int):
+  """A SHA-256 of the checksums `step` of `directory` holds of its arrays: what
+  tells this checkpoint from another of the same step (a workdir trained again
+  after its checkpoints were deleted). None where it holds none (checkpoints
+  from before the checksums) or they cannot be read."""
+  try:
+    value = ocp.JsonCheckpointHandler().restore(epath.Path(directory) / str(step) / "checksums")
+  except Exception:  # pylint: disable=broad-except  # Orbax's reader: any error is unreadable.
+    return None
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
 def metric_value(directory: str, step: int, metric: str) -> float:

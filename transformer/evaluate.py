@@ -182,6 +182,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     result = {
         "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint),
         "step": int(restored.step), workdir_lib.IDENTITY_KEY: identity,
+        workdir_lib.CHECKSUMS_KEY: workdir_lib.checkpoint_checksums(workdir, checkpoint,
+                                                                    int(restored.step)),
         "dataset": config.data.dataset, "split": split,
         "limit": limit, "mode": mode,
         "beam_size": beam_size if mode == "beam" else None,

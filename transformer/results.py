@@ -11,7 +11,9 @@ For each variant, from <sweep workdir>/<variant>/:
                           dev = data.eval_split, test = data.test_split, greedy and
                           beam (config.decode's beam size and alpha), whole splits only;
                           of a best or averaged checkpoint, only those that record it
-                          as it is now (checkpoint_identity), not one it replaced
+                          as it is now (checkpoint_identity), not one it replaced;
+                          of any, only those that scored the arrays of the checkpoint
+                          of their step now (checkpoint_checksums)
 A figure that is not there is left blank. Dev perplexity is per target token
 without label smoothing (Table 3's "PPL (dev)"): evaluate's for the checkpoint,
 else training's last evaluation when the checkpoint is 'latest'.
@@ -118,6 +120,8 @@ def last_scalars(variant_dir: str, tags) -> dict:
 
 
 TABLE_FILES = ("results.md", "results.csv")  # Beside the variants' workdirs.
+
+
 def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
                steps: Optional[int]) -> Optional[dict]:
   """The newest evaluate JSON of the whole `split` with `mode` for `checkpoint`
@@ -126,7 +130,9 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
   checkpoint since replaced (its checkpoint_identity not the current one's), is
   stale and ignored. So is one of a 'best' or 'averaged' that records no
   identity (evaluate before it recorded one): which average or best it scored
-  is unknown, and a warning names it."""
+  is unknown, and a warning names it; and one whose recorded checksums are not
+  those of the checkpoint of its step now (a workdir trained again after its
+  checkpoints were deleted), with a warning."""
   found = []
   replaceable = checkpoint in workdir_lib.REPLACEABLE
   current = workdir_lib.checkpoint_identity(variant_dir, checkpoint,
@@ -151,6 +157,13 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
       continue
     if replaceable and (current is None or result[workdir_lib.IDENTITY_KEY] != current):
       continue  # Of a best or average that a later one has replaced.
+    scored, step = result.get(workdir_lib.CHECKSUMS_KEY), result.get("step")
+    if scored and isinstance(step, int) and workdir_lib.checkpoint_checksums(
+        variant_dir, checkpoint, step) not in (None, scored):
+      logging.warning("Skipping %s: it scored another checkpoint %d than %s holds now "
+                      "(trained again since); rerun evaluate to fill its figure.", path, step,
+                      variant_dir)
+      continue
     found.append((os.path.getmtime(path), path, result))
   return max(found)[2] if found else None
 

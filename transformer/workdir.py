@@ -283,6 +283,18 @@ class Opened:
 
 REPLACEABLE = ("best", "averaged")  # Checkpoint names that a later save gives to another state.
 IDENTITY_KEY = "checkpoint_identity"  # evaluate's record of which one it scored.
+CHECKSUMS_KEY = "checkpoint_checksums"  # evaluate's record of the arrays it scored.
+
+
+def checkpoint_checksums(workdir: str, checkpoint: str, step: int) -> Optional[str]:
+  """checkpoints.checksums_digest of `step` under the name `checkpoint`: evaluate
+  records it, and results.evaluation skips a JSON of another checkpoint of
+  that step (None where there is none to compare: deleted, or older)."""
+  try:
+    directory, _ = checkpoint_location(workdir, checkpoint)
+  except (FileNotFoundError, ValueError):
+    return None
+  return checkpoints.checksums_digest(directory, step)
 
 
 def _saved_metrics(directory: str, step: int) -> Optional[dict]:
