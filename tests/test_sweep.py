@@ -279,6 +279,27 @@ def test_command_only_names_a_missing_variant_in_one_line(tmp_path):
       "sweep: error: --only: no variant 'h5' in "), out.stderr[-2000:]
 
 
+def test_conflicting_modes_and_a_workdir_that_is_a_file_are_one_line(tmp_path):
+  """--emit or --list beside --collect won silently (no table written, status
+  0), --checkpoint without --collect was ignored, and a --workdir that is a
+  file ended in a NotADirectoryError's traceback."""
+  sweep = write_sweep(tmp_path)
+  (tmp_path / "afile").write_text("")
+  for args, error in (
+      (["--emit", "commands", "--collect"], "--emit and --collect: give one of them"),
+      (["--list", "--collect"], "--list and --collect: give one of them"),
+      (["--list", "--checkpoint", "best"],
+       "--checkpoint says whose results --collect reads: give it with --collect"),
+      (["--workdir", str(tmp_path / "afile"), "--only", "pre"],
+       f"--workdir {tmp_path / 'afile'} is a file, not a directory")):
+    out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep", sweep, *args],
+                         cwd=ROOT, capture_output=True, text=True,
+                         env=process_helpers.command_env())
+    assert out.returncode == 1 and out.stdout == "", (args, out)
+    assert out.stderr.strip().splitlines()[-1] == f"sweep: error: {error}", (args, out.stderr)
+  assert os.path.getsize(tmp_path / "afile") == 0
+
+
 def test_only_invalid_variants_is_an_error_not_an_empty_run(tmp_path):
   """--only naming invalid variants alone ran nothing and exited 0 (and an
   emitted job array read --array=0--1); with a valid one beside them it runs."""

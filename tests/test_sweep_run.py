@@ -140,6 +140,21 @@ def test_a_finished_variant_without_checkpoints_is_not_trained_again_in_place(tm
   assert sweep_run.run_local(other, workdir, FakeTrainer())["base"] == "stale"
 
 
+def test_a_variant_whose_workdir_is_a_file_fails_and_the_others_run(tmp_path):
+  """A file where a variant's workdir goes ended the sweep in a FileExistsError's
+  traceback, and the variants after it never ran."""
+  sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=5"])
+  workdir = tmp_path / "runs"
+  workdir.mkdir()
+  (workdir / "h1").write_text("not a directory")
+  trainer = FakeTrainer()
+  done = sweep_run.run_local(sweep, str(workdir), trainer)
+  assert done["h1"] == "failed" and trainer.calls == [v.name for v in sweep.valid if v.name != "h1"]
+  assert (workdir / "h1").read_text() == "not a directory"
+  with pytest.raises(FileNotFoundError, match=r"sweep workdir .*h1' is a file, not a directory"):
+    results.collect(sweep, str(workdir / "h1"))
+
+
 def test_a_rerun_spelling_the_same_recipe_otherwise_skips_finished_variants(tmp_path):
   """The --set in another order, the base's path spelt otherwise, or a value
   the base has anyway resolve to the same configs: finished variants are

@@ -361,6 +361,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   runtime.quiet_library_logs()
   f = flags.FLAGS
+  modes = [name for name, on in (("--list", f.list), ("--emit", f.emit), ("--collect", f.collect))
+           if on]
+  if len(modes) > 1:  # One would win silently.
+    sys.exit(f"sweep: error: {' and '.join(modes)}: give one of them")
+  if f["checkpoint"].present and not f.collect:
+    sys.exit("sweep: error: --checkpoint says whose results --collect reads: give it with "
+             "--collect")
   try:
     sweep = resolve(f.sweep, f.base, f.set)
     if f.only and not f.collect:
@@ -368,6 +375,8 @@ def main(argv):
   except (OSError, ValueError, TypeError, flags.Error) as e:  # The message, not a traceback.
     sys.exit(f"sweep: error: {e}")
   workdir = f.workdir or default_workdir(f.sweep, f.base)
+  if not f.list and os.path.exists(workdir) and not os.path.isdir(workdir):
+    sys.exit(f"sweep: error: --workdir {workdir} is a file, not a directory")
   for v in sweep.variants:
     if v.error and not f.list:
       print(f"sweep: {v.name} is invalid, not run: {v.error}", file=sys.stderr)

@@ -180,7 +180,14 @@ def _run_all(sweep, workdir: str, train, signals: ForwardedSignals) -> dict:
     if signals.received:
       break
     variant_dir = os.path.join(workdir, variant.name)
-    os.makedirs(variant_dir, exist_ok=True)
+    try:
+      os.makedirs(variant_dir, exist_ok=True)
+    except OSError as e:  # A file in its place, say: the variant fails, the others run.
+      logging.error("%s: not run: %s", variant.name,
+                    f"{variant_dir} is a file, not a directory"
+                    if isinstance(e, FileExistsError) else e)
+      done[variant.name] = "failed"
+      continue
     with contextlib.ExitStack() as held:
       try:  # A variant another process trains (another sweep's) is left to it.
         held.enter_context(lock.hold(os.path.join(variant_dir, SWEEP_LOCK_DIR), "sweep"))
