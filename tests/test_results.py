@@ -7,13 +7,14 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from tests.helpers import MULTI30K, ROOT, fake_workdir, write_sweep
-from transformer import results, sweep as sweep_lib, sweep_run
+from transformer import lock, results, sweep as sweep_lib, sweep_run
 from transformer import workdir as workdir_lib
 
 
@@ -147,6 +148,29 @@ def test_a_variant_continued_outside_the_sweep_shows_its_newest_step(tmp_path):
                    {"split": "val", "mode": "greedy", "step": 600, "metrics": {"bleu": 12.5}}])
   row = results.variant_row(sweep.variants[0], variant_dir)
   assert (row["steps"], row["dev_bleu_greedy"]) == (600, 12.5)
+
+
+def test_a_running_status_whose_sweep_is_gone_reads_interrupted(tmp_path):
+  """A sweep killed with SIGKILL leaves its variant's status 'running': the
+  table showed it running for good. It is 'interrupted' unless a live sweep
+  holds the variant's .sweep lock (a killed one's lock file stays behind)."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n")
+  sweep = sweep_lib.resolve(path)
+  variant_dir = str(tmp_path / "runs" / "base")
+  fake_workdir(variant_dir, sweep.variants[0].config, {"status": "running", "attempts": 1})
+  row = lambda: results.variant_row(sweep.variants[0], variant_dir)
+  assert row()["status"] == "interrupted" and "rerun the sweep" in row()["error"]
+  sweep_lock = os.path.join(variant_dir, results.SWEEP_LOCK_DIR)
+  with lock.hold(sweep_lock, "sweep"):
+    assert row()["status"] == "running" and row()["error"] is None
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  with open(os.path.join(sweep_lock, lock.LOCK_NAME), "w") as f:  # Left by a killed sweep.
+    json.dump({"host": socket.gethostname(), "pid": int(dead), "command": "sweep"}, f)
+  assert row()["status"] == "interrupted"
+  with open(os.path.join(sweep_lock, lock.LOCK_NAME), "w") as f:  # Another host's: unknown.
+    json.dump({"host": "elsewhere", "pid": os.getpid(), "command": "sweep"}, f)
+  assert row()["status"] == "running"
 
 
 def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path):

@@ -255,7 +255,7 @@ def test_a_variant_another_process_trains_is_left_to_it(tmp_path):
   with lock.hold(variant_dir, "train"):
     assert sweep_run.run_local(sweep, workdir, trainer) == {"base": "busy"}
   # The other sweep itself, deciding or between its 'running' and its train.py's lock.
-  with lock.hold(os.path.join(variant_dir, sweep_run.SWEEP_LOCK_DIR), "sweep"):
+  with lock.hold(os.path.join(variant_dir, results.SWEEP_LOCK_DIR), "sweep"):
     assert sweep_run.run_local(sweep, workdir, trainer) == {"base": "busy"}
   assert trainer.calls == [] and results.read_status(variant_dir) == {
       "status": "running", "attempts": 1}

@@ -78,6 +78,21 @@ def _read_owner(path):
   return owner if isinstance(owner, dict) else None
 
 
+def held(workdir: str) -> bool:
+  """Whether a live process holds `workdir`'s lock, as this host can tell from
+  the owner record alone (a reader takes no flock: a writer taking the lock
+  meanwhile would find it busy). A lock of another host, or one whose record is
+  not yet written, counts as held; a dead owner's left-behind file does not."""
+  path = os.path.join(workdir, LOCK_NAME)
+  if not os.path.exists(path):
+    return False  # Released: a writer removes it on exit.
+  owner = _read_owner(path)
+  if (owner is None or owner.get("host") != socket.gethostname()
+      or not isinstance(owner.get("pid"), int)):
+    return True
+  return _pid_alive(owner["pid"], owner.get("start"))
+
+
 class WorkdirLock:
   """The exclusive right to write `workdir`; a context manager, or acquire()/release()."""
 

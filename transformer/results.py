@@ -4,7 +4,8 @@ For each variant, from <sweep workdir>/<variant>/:
   config.json, spm.model  the parameter count (shapes only, jax.eval_shape), at the
                           trained vocabulary's size; without one, at data.vocab_size,
                           and a note over the table names those rows
-  sweep_status.json       status, wall time and steps (written by the sweep's local mode)
+  sweep_status.json       status, wall time and steps (written by the sweep's local mode;
+                          'running' without a live sweep holding .sweep: 'interrupted')
   checkpoints/            the steps reached, where no status says
   events.out.tfevents.*   eval/perplexity and decode/<metric> at the last step
   eval_*.json             transformer.evaluate's scores of the chosen checkpoint:
@@ -30,11 +31,16 @@ from typing import Optional
 
 from absl import logging
 
-from transformer import checkpoints, files, metrics as metrics_lib, state as state_lib
+from transformer import checkpoints, files, lock, metrics as metrics_lib, state as state_lib
 from transformer import workdir as workdir_lib
 from transformer.config import model_config, same_recipe
 
 STATUS_FILE = "sweep_status.json"
+# Held in <variant dir>/.sweep while a sweep decides on a variant and trains it:
+# another sweep on the same workdir then finds the variant busy, also in the
+# seconds between this one writing 'running' and its train.py taking the
+# workdir's own lock; a 'running' status without it is a sweep that died.
+SWEEP_LOCK_DIR = ".sweep"
 _TEXT_COLUMNS = ("variant", "changes", "status")
 _LINE_END = re.compile(r"\r\n?|\n")  # Markdown's line ends.
 _METRIC_NAMES = {"bleu": ("BLEU", 1.0), "exact_match": ("exact match %", 100.0)}
@@ -186,6 +192,9 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
   steps = latest_step(variant_dir) or status.get("steps")
   row.update(status=status.get("status"), error=status.get("error"), steps=steps,
              wall_seconds=status.get("wall_seconds"))
+  if row["status"] == "running" and not lock.held(os.path.join(variant_dir, SWEEP_LOCK_DIR)):
+    row.update(status="interrupted", error="the sweep training it is gone (killed?), so it "
+               "is not running: rerun the sweep to resume it")
   trained = status.get("overrides")
   if recipe is not None and trained is not None and not same_recipe(
       {"base": status.get("base", recipe["base"]), "overrides": trained}, recipe):

@@ -154,11 +154,6 @@ def _results_held(previous: dict, variant_dir: str) -> Optional[str]:
   return None
 
 
-# Held in <variant dir>/.sweep while a sweep decides on a variant and trains it:
-# another sweep on the same workdir then finds the variant busy, also in the
-# seconds between this one writing 'running' and its train.py taking the
-# workdir's own lock.
-SWEEP_LOCK_DIR = ".sweep"
 
 
 def run_local(sweep, workdir: str, train: Optional[Callable[[list, str], None]] = None,
@@ -190,7 +185,7 @@ def _run_all(sweep, workdir: str, train, signals: ForwardedSignals) -> dict:
       continue
     with contextlib.ExitStack() as held:
       try:  # A variant another process trains (another sweep's) is left to it.
-        held.enter_context(lock.hold(os.path.join(variant_dir, SWEEP_LOCK_DIR), "sweep"))
+        held.enter_context(lock.hold(os.path.join(variant_dir, results.SWEEP_LOCK_DIR), "sweep"))
         with lock.hold(variant_dir, "sweep"):  # A train.py run outside any sweep.
           pass
       except lock.WorkdirBusyError as e:
