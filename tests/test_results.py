@@ -282,6 +282,39 @@ def test_collect_labels_the_table_with_what_the_workdirs_trained(tmp_path):
     results.collect(run, str(tmp_path / "none"))
 
 
+def test_rows_show_what_their_workdirs_trained_when_the_sweep_file_changed(tmp_path):
+  """The sweep file edited after training: a variant now invalid vanished from
+  the table, its figures with it; one whose value changed showed the new value
+  in its changes column beside the old run's figures; a removed one had a blank
+  changes column, as if it were a second base. Each row now shows what its
+  workdir trained, the note saying how the sweep differs now."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
+                     "  return [('h', {{'model.num_heads': 3}}),\n"
+                     "          ('seed', {{'seed': 5}})]\n", base=MULTI30K)
+  sets = ["train.num_steps=300"]
+  sweep = sweep_lib.resolve(path, sets=sets)
+  assert sweep.variants[1].error  # 3 heads do not divide d_model.
+  workdir = tmp_path / "runs"
+  trained = {"h": "model.num_heads=2", "seed": "seed=1", "gone": "model.dropout=0.3"}
+  for name, override in trained.items():
+    fake_workdir(str(workdir / name), sweep.variants[0].config,
+                 {"status": "finished", "steps": 300, "sets": sets,
+                  "overrides": sets + [override]},
+                 scalars=[("eval/perplexity", 300, 5.0)])
+  rows = {line.split(" | ")[0][2:]: line for line in
+          results.collect(sweep, str(workdir)).splitlines() if line.startswith("| ")}
+  assert rows["h"].startswith("| h | model.num_heads=2 |") and " 5.00 | " in rows["h"]
+  assert rows["h"].endswith(" | finished |")
+  assert rows["seed"].startswith("| seed | seed=1 |") and " 5.00 | " in rows["seed"]
+  assert rows["gone"].startswith("| gone | model.dropout=0.3 |")
+  notes = results.collect(sweep, str(workdir)).split("\n- ")[1:]
+  assert notes[0].startswith("h (finished): invalid as the sweep resolves it now (config."
+                             "model.num_heads") and notes[0].endswith(
+      "listed as its workdir holds it, trained with `train.num_steps=300 model.num_heads=2`")
+  assert notes[1].startswith("seed (finished): trained with `train.num_steps=300 seed=1`, "
+                             "not `train.num_steps=300 seed=5`")
+
+
 def test_a_newline_in_a_cell_or_an_error_keeps_the_markdown_table_whole():
   rows = [{"variant": "v", "changes": "data.text_dir=a\nb\rc\r\nd", "status": "failed",
            "error": "line 1\r\nline 2"}]

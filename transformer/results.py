@@ -57,6 +57,25 @@ def read_status(variant_dir: str) -> Optional[dict]:
   return files.read_json_object(path) if os.path.exists(path) else None
 
 
+def holds_variant(variant_dir: str) -> bool:
+  """Whether a variant's workdir holds a training: a config.json or a status."""
+  return any(os.path.exists(os.path.join(variant_dir, f)) for f in (STATUS_FILE, "config.json"))
+
+
+def own_overrides(status: dict) -> str:
+  """A status's overrides without the leading --set ones it records: the
+  variant's own, as the table's changes column shows them."""
+  trained, sets = status.get("overrides") or [], status.get("sets") or []
+  first = next((i for i, o in enumerate(trained) if o not in sets), len(trained))
+  return " ".join(trained[first:])
+
+
+def _trained_with(status: dict) -> str:
+  trained = status.get("overrides")
+  return (f"`{' '.join(trained) or '(no overrides)'}`" if trained is not None
+          else "the settings of its config.json (no sweep status)")
+
+
 def read_statuses(workdir: str) -> dict:
   """{name: status} of the variant workdirs in a sweep's workdir: its folders
   that hold a config.json or a status (a damaged status read as {}), whatever
@@ -64,8 +83,7 @@ def read_statuses(workdir: str) -> dict:
   found = {}
   for name in sorted(os.listdir(workdir)) if os.path.isdir(workdir) else ():
     variant_dir = os.path.join(workdir, name)
-    if not name.startswith(".") and any(
-        os.path.exists(os.path.join(variant_dir, f)) for f in (STATUS_FILE, "config.json")):
+    if not name.startswith(".") and holds_variant(variant_dir):
       found[name] = read_status(variant_dir) or {}
   return found
 
@@ -182,11 +200,16 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
   another config), the row's note names what it trained with. `status`: its
   sweep status as read_statuses read it, else read here."""
   row = {"variant": variant.name, "changes": " ".join(variant.overrides)}
-  if variant.error:
+  if variant.error and not holds_variant(variant_dir):
     return {**row, "status": "invalid", "error": variant.error}
   if not os.path.isdir(variant_dir):
     return {**row, "status": "not run"}
   status = (read_status(variant_dir) if status is None else status) or {}
+  trained = status.get("overrides")
+  if variant.error:  # Trained before the sweep file or the base changed: never left out.
+    row["note"] = (f"invalid as the sweep resolves it now ({variant.error}); listed as its "
+                   "workdir holds it, trained with " + _trained_with(status))
+    row["changes"] = own_overrides(status) if trained is not None else row["changes"]
   # The checkpoints first: a variant continued outside the sweep (its emitted
   # command writes no status) has trained past the status's steps.
   steps = latest_step(variant_dir) or status.get("steps")
@@ -195,9 +218,10 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
   if row["status"] == "running" and not lock.held(os.path.join(variant_dir, SWEEP_LOCK_DIR)):
     row.update(status="interrupted", error="the sweep training it is gone (killed?), so it "
                "is not running: rerun the sweep to resume it")
-  trained = status.get("overrides")
   if recipe is not None and trained is not None and not same_recipe(
       {"base": status.get("base", recipe["base"]), "overrides": trained}, recipe):
+    # The changes column says what it trained with, not what the sweep says now.
+    row["changes"] = own_overrides(status)
     row["note"] = (f"trained with `{' '.join(trained) or '(no overrides)'}`, not "
                    f"`{' '.join(recipe['overrides']) or '(no overrides)'}` as the notes "
                    "above say")
@@ -319,11 +343,10 @@ def collect(sweep, workdir: str, checkpoint: str = "latest", statuses: Optional[
   for name in sorted(set(statuses) - {v.name for v in sweep.variants}):
     row = variant_row(dataclasses.replace(sweep.variants[0], name=name, overrides=[]),
                       os.path.join(workdir, name), checkpoint, None, statuses[name])
-    trained = statuses[name].get("overrides")
+    row["changes"] = own_overrides(statuses[name])
     row["note"] = (f"no variant of {sweep.path}" + (f" with `{' '.join(sets)}`" if sets else "")
                    + "; listed as its workdir holds it, trained with "
-                   + (f"`{' '.join(trained) or '(no overrides)'}`" if trained is not None
-                      else "the settings of its config.json (no sweep status)"))
+                   + _trained_with(statuses[name]))
     rows.append(row)
   metric = metrics_lib.main_metric(base.data.dataset)
   notes = [f"On every variant (--set): `{' '.join(sets)}`." if sets else None,
