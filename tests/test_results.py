@@ -173,6 +173,28 @@ def test_a_running_status_whose_sweep_is_gone_reads_interrupted(tmp_path):
   assert row()["status"] == "running"
 
 
+def test_figures_of_an_earlier_step_than_the_checkpoint_are_noted(tmp_path):
+  """A run stopped between evaluations (SIGTERM at step 59, evaluating every 2):
+  the row's dev PPL is training's at step 58, beside 59 in its steps column; the
+  note says so. At the checkpoint's step there is no note."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path)
+  variant_dir = str(tmp_path / "runs" / "base")
+  fake_workdir(variant_dir, sweep.variants[0].config, {"status": "stopped", "steps": 59},
+               checkpoints=[59], scalars=[("eval/perplexity", 56, 4.5),
+                                          ("eval/perplexity", 58, 4.0),
+                                          ("decode/bleu", 50, 0.25)])
+  row = results.variant_row(sweep.variants[0], variant_dir)
+  assert (row["steps"], row["dev_perplexity"], row["dev_bleu_training"]) == (59, 4.0, 0.25)
+  assert row["note"] == ("its dev score (training) is of step 50, training's dev PPL is of "
+                         "step 58: the last logged; the checkpoint is at step 59")
+  os.makedirs(os.path.join(variant_dir, "checkpoints", "58"))
+  shutil.rmtree(os.path.join(variant_dir, "checkpoints", "59"))
+  assert results.variant_row(sweep.variants[0], variant_dir)["note"] == (
+      "its dev score (training) is of step 50: the last logged; the checkpoint is at step 58")
+
+
 def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path):
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return [\n"
                      "    ('A-h1', {{'model.num_heads': 1}}),\n"

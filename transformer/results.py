@@ -117,6 +117,11 @@ def latest_step(variant_dir: str) -> Optional[int]:
 def last_scalars(variant_dir: str, tags) -> dict:
   """{tag: value at the tag's last step} from the workdir's TensorBoard events
   (resumed runs add files; a step written twice keeps its last value)."""
+  return {tag: value for tag, (_, value) in last_scalar_steps(variant_dir, tags).items()}
+
+
+def last_scalar_steps(variant_dir: str, tags) -> dict:
+  """{tag: (its last step, the value there)}, as last_scalars reads them."""
   if not glob.glob(os.path.join(variant_dir, "events.out.tfevents.*")):
     return {}
   # Imported here: the reader loads TensorFlow, seconds that only a workdir with
@@ -139,7 +144,7 @@ def last_scalars(variant_dir: str, tags) -> dict:
       continue
     if events:  # Of a step written twice (a resumed run redoing it), the last.
       last = max(step for step, _ in events)
-      values[tag] = [v for step, v in events if step == last][-1]
+      values[tag] = (last, [v for step, v in events if step == last][-1])
   return values
 
 
@@ -236,7 +241,8 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
       has_vocabulary) else 0
   row["parameters"] = count_parameters(config, vocab_size)
   row["parameters_at_vocab_size"] = not has_vocabulary
-  scalars = last_scalars(variant_dir, ["eval/perplexity", f"decode/{metric}"])
+  logged = last_scalar_steps(variant_dir, ["eval/perplexity", f"decode/{metric}"])
+  scalars = {tag: value for tag, (_, value) in logged.items()}
   row[f"dev_{metric}_training"] = scalars.get(f"decode/{metric}")
   for name, split in (("dev", config.data.eval_split), ("test", config.data.test_split)):
     for mode in ("greedy", "beam"):
@@ -245,9 +251,20 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
         row[f"{name}_{metric}_{mode}"] = (result.get("metrics") or {}).get(metric)
         if name == "dev" and result.get("perplexity") is not None:
           row["dev_perplexity"] = result["perplexity"]
+  used = [f"decode/{metric}"]
   if row.get("dev_perplexity") is None and checkpoint == "latest":
     row["dev_perplexity"] = scalars.get("eval/perplexity")
+    used.append("eval/perplexity")
+  # A run stopped between evaluations: its last one is of an earlier step.
+  earlier = [f"{_LOGGED_FIGURES[tag.split('/')[0]]} is of step {logged[tag][0]}"
+             for tag in used if tag in logged and logged[tag][0] != steps]
+  if earlier and steps is not None:
+    row["note"] = "; ".join(filter(None, [row.get("note"), (
+        f"{', '.join(earlier)}: the last logged; the checkpoint is at step {steps}")]))
   return row
+
+
+_LOGGED_FIGURES = {"eval": "training's dev PPL", "decode": "its dev score (training)"}
 
 
 def columns(metric: str) -> list:
