@@ -12,7 +12,7 @@ import pytest
 
 from tests import helpers, process_helpers
 from tests.helpers import DEFAULT, MULTI30K, ROOT
-from transformer import config as config_lib, sweep as sweep_lib
+from transformer import config as config_lib, results, sweep as sweep_lib
 
 
 SWEEP_FILE = '''
@@ -239,6 +239,28 @@ def test_table3_scales_with_its_base():
   with pytest.raises(ValueError, match=r"rows C-N2, C-dff2048 are not variants of table3 on "
                      r"this base \(its rows of those groups here: C-N1, C-N3, .*, C-dff1024\)"):
     sweep_lib.resolve(cpu, base=DEFAULT)
+
+
+# Table 3's parameter counts, in millions (Vaswani et al., 2017), of base and of
+# its rows B and C.
+TABLE3_MILLIONS = {"base": 65, "B-dk16": 58, "B-dk32": 60, "C-N2": 36, "C-N4": 50, "C-N8": 80,
+                   "C-dmodel256": 28, "C-dmodel1024": 168, "C-dff1024": 53, "C-dff4096": 90}
+
+
+def test_table3_rows_have_the_papers_parameter_counts():
+  """The paper gives its vocabulary as "about 37000 tokens". At 41,100 ids
+  (any size from about 41,010 to 41,200 does), base and every row of B and C
+  round to the paper's counts: the rows change the layers as the paper did. (At
+  37,000 the d_model rows are 1-2M off, their embeddings scaling with the
+  vocabulary; big needs about 36k ids.)"""
+  sweep = sweep_lib.resolve(os.path.join(ROOT, "configs", "sweeps", "table3.py"),
+                            base=os.path.join(ROOT, "configs", "base.py"),
+                            sets=["data.vocab_size=41100"])
+  counts = {v.name: results.count_parameters(v.config) for v in sweep.variants
+            if v.name in TABLE3_MILLIONS}
+  assert set(counts) == set(TABLE3_MILLIONS)
+  for name, millions in TABLE3_MILLIONS.items():
+    assert abs(counts[name] / 1e6 - millions) <= 0.5, (name, counts[name])
 
 
 # ----------------------------------------------------------------------------
