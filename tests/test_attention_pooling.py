@@ -24,6 +24,21 @@ def test_kernel_weights_are_a_softmax_over_training_points():
   assert (np.asarray(narrow) > np.asarray(wide)).all()
 
 
+def test_kernel_weights_are_the_gaussian_kernels_by_hand():
+  """Nadaraya-Watson with the Gaussian kernel: alpha(q, k_i) is
+  exp(-((q - k_i) w)^2 / 2) over its sum, and the pooled value their average of
+  the values."""
+  queries, keys, values = np.array([0.0, 1.5]), np.array([-1.0, 0.5, 2.0]), np.array([1., 2., 4.])
+  for w in (0.5, 2.0):
+    kernel = np.exp(-((queries[:, None] - keys[None, :]) * w) ** 2 / 2)
+    want = kernel / kernel.sum(-1, keepdims=True)
+    got = np.asarray(attention_pooling.attention_weights(queries, keys, w))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(attention_pooling.nadaraya_watson(queries, keys, values, w)), want @ values,
+        rtol=1e-6)
+
+
 def test_parametric_pooling_beats_average_pooling_and_draws(tmp_path):
   mse, w = attention_pooling.run(str(tmp_path), seed=0, steps=100)
   average, nonparametric, parametric = mse.values()

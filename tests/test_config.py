@@ -45,6 +45,29 @@ def test_base_and_big_parameter_counts_match_the_paper():
   assert count(biased) == expected_count(biased) == 63_045_632 + 18 * 4 * 512
 
 
+def test_base_and_big_hold_the_papers_values():
+  """The values the paper gives (sections 3, 5, 6 and Table 3), each of which a
+  config edit could change without changing a parameter count: the
+  regularisers, the optimizer and schedule, the data and the search."""
+  paper = {
+      "model.num_layers": 6, "model.d_model": 512, "model.d_ff": 2048, "model.num_heads": 8,
+      "model.d_k": 0, "model.dropout": 0.1, "model.attention_dropout": 0.0,
+      "model.attention_bias": False, "model.activation": "relu", "model.norm_position": "post",
+      "model.positional": "sinusoidal", "model.attention_score": "scaled_dot",
+      "model.share_embeddings": True, "model.tie_output": True,
+      "train.label_smoothing": 0.1, "train.num_steps": 100_000,
+      "optim.warmup_steps": 4000, "optim.adam_b1": 0.9, "optim.adam_b2": 0.98,
+      "optim.adam_eps": 1e-9, "optim.learning_rate_scale": 1.0, "optim.weight_decay": 0.0,
+      "optim.grad_clip_norm": 0.0, "data.vocab_size": 37000, "data.tokens_per_batch": 25000,
+      "data.batching": "bucket", "decode.beam_size": 4, "decode.alpha": 0.6,
+      "decode.max_extra_len": 50}
+  big_paper = {**paper, "model.d_model": 1024, "model.d_ff": 4096, "model.num_heads": 16,
+               "model.dropout": 0.3, "train.num_steps": 300_000}
+  for config, values in ((base.get_config(), paper), (big.get_config(), big_paper)):
+    got = {field: config[field.split(".")[0]][field.split(".")[1]] for field in values}
+    assert got == values
+
+
 @pytest.mark.parametrize("get_config,seconds_per_step,averaged", [
     (base.get_config, 0.4, 5), (big.get_config, 1.0, 20)])
 def test_checkpoint_cadence_is_the_papers(get_config, seconds_per_step, averaged):

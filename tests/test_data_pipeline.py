@@ -235,6 +235,9 @@ def test_tokenize_pairs_drop_truncate_and_empty():
   # Pair 1's source was cut, pair 4's target.
   assert (stats['truncated_sources'], stats['truncated_targets']) == (1, 1)
   assert all(len(s) <= 5 and s[-1] == EOS_ID and t[-1] == EOS_ID for s, t in ex)
+  # A cut side keeps its beginning (the tokens a decoder is scored on first).
+  chars = lambda text: [ord(c) % 60 + 4 for c in text] + [EOS_ID]
+  assert [ex[1][0].tolist(), ex[2][1].tolist()] == [chars('abcd'), chars('abcd')]
   assert all(s.dtype == np.int32 for s, _ in ex)
   with pytest.raises(ValueError, match='overlong'):
     pipeline.tokenize_pairs(pairs, _CharTokenizer(), 5, 'clip')

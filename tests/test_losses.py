@@ -109,3 +109,13 @@ def test_correct_counts_argmax_hits():
   want = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
   got = losses.cross_entropy_sums(logits, targets, weights)["correct"]
   assert float(got) == float(want) > 0
+
+
+def test_a_tie_for_the_largest_logit_is_a_hit_and_a_near_tie_is_not():
+  """`correct` counts a reference that ties another token for the largest
+  logit (either of the two tied), and not one a hair below it."""
+  logits = jnp.asarray([[[1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0 - 1e-4, 0.0]]], jnp.float32)
+  correct = lambda *targets: float(losses.cross_entropy_sums(
+      logits, jnp.asarray([targets]), jnp.ones((1, 2)))["correct"])
+  assert correct(1, 1) == 2.0 and correct(2, 1) == 2.0
+  assert correct(2, 2) == 1.0 and correct(0, 3) == 0.0

@@ -171,6 +171,47 @@ def test_gradient_accumulation_equals_one_big_batch(data_dir):
     np.testing.assert_allclose(x, y, atol=1e-6)
 
 
+def _tiny_step_setup(data_dir, dropout):
+  config = tiny_experiment(data_dir)
+  config.model.dropout = dropout
+  config.optim.adam_eps = ADAM_EPS_NOTE
+  mesh = sharding.make_mesh(jax.devices()[:1])
+  model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
+  state = state_lib.init_state(model, tx, config, shardings)
+  rng = np.random.default_rng(0)
+  targets = rng.integers(4, 23, size=(4, 12)).astype(np.int32)
+  targets[::2, 7:] = 0
+  batch = {"inputs": rng.integers(4, 23, size=(4, 10)).astype(np.int32), "targets": targets}
+  step = jax.jit(lambda s, b: training.train_step(s, b, model=model, tx=tx,
+                                                  label_smoothing=0.1))
+  return state, batch, step
+
+
+def test_padding_changes_no_update(data_dir):
+  """Gradients are of the mean loss per real target token: the same batch with
+  more PAD columns gives the same gradient norm and update (divided by the
+  padded size, the gradients would shrink with the padding, and so would
+  clipping's and the batches' weights)."""
+  state, batch, step = _tiny_step_setup(data_dir, dropout=0.0)
+  padded = {k: np.pad(v, ((0, 0), (0, 6))) for k, v in batch.items()}
+  (s1, m1), (s2, m2) = step(state, batch), step(state, padded)
+  for name in ("loss", "grad_norm", "update_norm", "tokens"):
+    np.testing.assert_allclose(m1[name], m2[name], rtol=1e-5, err_msg=name)
+  for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(x, y, atol=1e-6)
+
+
+def test_each_step_draws_new_dropout_masks(data_dir):
+  """The dropout key is folded with the step: the same batch and parameters at
+  steps 0 and 1 give other gradients under dropout, the same without it (one
+  key for every step would drop the same units of each batch shape forever)."""
+  for dropout, same in ((0.3, False), (0.0, True)):
+    state, batch, step = _tiny_step_setup(data_dir, dropout)
+    norms = [float(step(state.replace(step=jnp.asarray(n, state.step.dtype)), batch)[1][
+        "grad_norm"]) for n in (0, 1)]
+    assert (norms[0] == norms[1]) is same, (dropout, norms)
+
+
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, data_dir):
   workdir = str(tmp_path / "nan")
   training.train_and_evaluate(tiny_experiment(data_dir, num_steps=10, eval_every=100), workdir)
