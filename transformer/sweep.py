@@ -378,7 +378,7 @@ def main(argv):
   if not f.list and os.path.exists(workdir) and not os.path.isdir(workdir):
     sys.exit(f"sweep: error: --workdir {workdir} is a file, not a directory")
   for v in sweep.variants:
-    if v.error and not f.list:
+    if v.error and not (f.list or f.collect):  # --list and the table show it.
       print(f"sweep: {v.name} is invalid, not run: {v.error}", file=sys.stderr)
   if not (f.list or f.collect):
     for name, earlier in twins(sweep).items():
