@@ -1,4 +1,5 @@
-"""Tests for transformer/rnn.py: padding, the encoder's two directions, decoding state
+"""Tests for transformer/rnn.py: padding, the encoder's two directions, the decoder's
+start state and steps against the papers' formulas recomputed by hand, decoding state
 against the teacher-forced pass, beam 1 = greedy, parameter counts, config errors, and
 a tiny SCAN run trained, resumed, evaluated and translated through the shared commands."""
 
@@ -100,6 +101,127 @@ def test_encoder_directions_read_left_and_right_context():
   for b, n in enumerate(lengths):
     np.testing.assert_array_equal(diff[b, :n, :h].max(-1) > 0, np.arange(n) >= k)
     np.testing.assert_array_equal(diff[b, :n, h:].max(-1) > 0, np.arange(n) <= k)
+
+
+def _dense(p, x):
+  """x W + b of a Dense's parameters (no b without a bias), in float64."""
+  y = x @ np.asarray(p["kernel"], np.float64)
+  return y + np.asarray(p["bias"], np.float64) if "bias" in p else y
+
+
+def _sigmoid(x):
+  return 1 / (1 + np.exp(-x))
+
+
+def naive_cell(p, state, x):
+  """flax's GRU or LSTM cell from its parameters: (new state, its output h)."""
+  if "hn" in p:  # GRU: reset r, update z, candidate n; h' = (1 - z) n + z h.
+    r = _sigmoid(_dense(p["ir"], x) + _dense(p["hr"], state))
+    z = _sigmoid(_dense(p["iz"], x) + _dense(p["hz"], state))
+    n = np.tanh(_dense(p["in"], x) + r * _dense(p["hn"], state))
+    h = (1 - z) * n + z * state
+    return h, h
+  c, h = state  # LSTM: gates i, f, o and candidate g; c' = f c + i g, h' = o tanh(c').
+  i, f, g, o = (_dense(p["i" + k], x) + _dense(p["h" + k], h) for k in "ifgo")
+  c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+  h = _sigmoid(o) * np.tanh(c)
+  return (c, h), h
+
+
+def naive_start(cfg, params, encoded_BxSxD):
+  """The decoder's start state by hand: s_0 = tanh(W_s bwd h_1) (Bahdanau A.2.2), bwd
+  h_1 the backward direction's state after reading the whole source, one slice of
+  W_s per decoder layer; an LSTM's memory starts at 0."""
+  D = cfg.d_model
+  s0 = np.tanh(_dense(params["decoder"]["init_state"], encoded_BxSxD[:, 0, D // 2:]))
+  states = [s0[:, i * D:(i + 1) * D] for i in range(cfg.num_layers)]
+  return [(np.zeros_like(s), s) if cfg.rnn_cell == "lstm" else s for s in states]
+
+
+def naive_rnn_decoder(cfg, params, encoded_BxSxD, inputs_BxS, decoder_inputs_BxT):
+  """The teacher-forced decoder step by step with numpy, from the model's parameters
+  and annotations h_j: ([B, T, V] tied logits, [B, T, S] attention weights).
+
+  bahdanau: e_ij = v^T tanh(W s_{i-1} + U h_j) (eq. 6) from the top layer's previous
+  state, a_ij = softmax_j (eq. 7), c_i = sum_j a_ij h_j (eq. 5), s_i = f(s_{i-1},
+  [y_{i-1}; c_i]), output tanh(W_o [y_{i-1}; s_i; c_i] + b_o) (eq. 4).
+  luong_*: h_t = f(h_{t-1}, [y_{t-1}; h~_{t-1}]) (input feeding, 3.3, h~_0 = 0) or
+  f(h_{t-1}, y_{t-1}); score(h_t, h_s) = h_t^T W_a h_s or h_t^T h_s (eq. 8) from
+  the new state h_t; a_t, c_t; h~_t = tanh(W_c [c_t; h_t]) (eq. 5), fed to step t+1.
+  """
+  D, attention = cfg.d_model, cfg.rnn_attention
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["decoder"])
+  embedding_VxD = np.asarray(params["shared_embedding"]["embedding"], np.float64)
+  h_BxSxD = np.asarray(encoded_BxSxD, np.float64)
+  states = naive_start(cfg, params, h_BxSxD)
+  keys_BxSxD = h_BxSxD if attention == "luong_dot" else _dense(p["keys"], h_BxSxD)
+  feed_BxD = np.zeros((h_BxSxD.shape[0], D))
+  hidden = lambda state: state[1] if isinstance(state, tuple) else state
+
+  def attend(scores_BxS):
+    scores_BxS = np.where(inputs_BxS != cfg.pad_id, scores_BxS, -np.inf)
+    w = np.exp(scores_BxS - scores_BxS.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return w, np.einsum("bs,bsd->bd", w, h_BxSxD)
+
+  def layers(x_BxI):
+    for i in range(cfg.num_layers):
+      states[i], x_BxI = naive_cell(p["cell"][f"layer_{i}"], states[i], x_BxI)
+    return x_BxI
+
+  outs, weights = [], []
+  for t in range(decoder_inputs_BxT.shape[1]):
+    y_BxD = embedding_VxD[decoder_inputs_BxT[:, t]] * np.sqrt(D)
+    if attention == "bahdanau":
+      query_BxD = _dense(p["cell"]["query"], hidden(states[-1]))  # W s_{i-1}, before the step.
+      a_BxS, c_BxD = attend(np.tanh(query_BxD[:, None] + keys_BxSxD) @ p["cell"]["score_v"])
+      s_BxD = layers(np.concatenate([y_BxD, c_BxD], -1))
+      out_BxD = np.tanh(_dense(p["cell"]["output"], np.concatenate([y_BxD, s_BxD, c_BxD], -1)))
+    else:
+      h_BxD = layers(np.concatenate([y_BxD, feed_BxD], -1) if cfg.rnn_input_feeding else y_BxD)
+      a_BxS, c_BxD = attend(np.einsum("bd,bsd->bs", h_BxD, keys_BxSxD))  # From the new h_t.
+      out_BxD = feed_BxD = np.tanh(_dense(p["cell"]["attentional"],
+                                          np.concatenate([c_BxD, h_BxD], -1)))
+    outs.append(out_BxD)
+    weights.append(a_BxS)
+  return np.stack(outs, 1) @ embedding_VxD.T, np.stack(weights, 1)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_decoder_equals_the_papers_formulas_by_hand(variant):
+  """The teacher-forced logits and attention weights equal naive_rnn_decoder's,
+  the papers' equations written out step by step on the model's own parameters and
+  annotations: the other tests compare the RNN only with itself, which a score
+  blind to the decoder state, a Luong score from h_{t-1}, a start state from the
+  forward direction or h_t fed instead of h~_t would all pass."""
+  model, params = tiny(variant)
+  rng = np.random.default_rng(7)
+  inputs = random_tokens(rng, [5, 3], 6, V)
+  targets = random_tokens(rng, [4, 6], 6, V)
+  encoded = jitted(model, "encode")({"params": params}, jnp.asarray(inputs))
+  decoder_inputs = np.asarray(shift_right(jnp.asarray(targets), model.config.bos_id))
+  logits, weights = naive_rnn_decoder(model.config, params, encoded, inputs, decoder_inputs)
+  np.testing.assert_allclose(
+      jitted(model, "attention_weights")({"params": params}, jnp.asarray(inputs),
+                                         jnp.asarray(targets)), weights, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(forward(variant, inputs, targets), logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_start_state_is_tanh_of_the_backward_first_annotation(variant):
+  """start() gives each decoder layer tanh(W_s bwd h_1) (Bahdanau A.2.2): from the
+  backward half of the first annotation, which has read the whole source (the
+  forward half there has read one token), an LSTM's memory and Luong's h~_0 at 0."""
+  model, params = tiny(variant)
+  cfg = model.config
+  inputs = jnp.asarray(random_tokens(np.random.default_rng(8), [5, 3], 6, V))
+  encoded = jitted(model, "encode")({"params": params}, inputs)
+  _, carry = jitted(model, "start")({"params": params}, encoded, inputs)
+  expected = {"layers": tuple(naive_start(cfg, params, np.asarray(encoded, np.float64)))}
+  if cfg.rnn_attention != "bahdanau" and cfg.rnn_input_feeding:
+    expected["feed"] = np.zeros((2, cfg.d_model))
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6, rtol=0),
+               jax.tree.map(np.asarray, carry), expected)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
