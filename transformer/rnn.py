@@ -8,6 +8,14 @@ d_model / 2 units a direction, so its annotations h_j are d_model wide like the
 decoder state; the decoder is num_layers recurrent layers of d_model units. Same
 shapes as model.py (B batch, S source, T target, D d_model, V vocabulary); packed
 rows are not supported (a recurrence would carry its state across examples).
+
+Where it departs from the papers (tests/test_rnn.py writes the equations out as
+they are here): the GRU is Flax's, whose reset gate scales the recurrent
+product, r * (W_hn s + b_hn), where Bahdanau's A.2.2 scales the state before it,
+U (r * s); Bahdanau's output layer reads s_i, as eq. 4 writes g (A.2.2 reads
+s_{i-1}), through a tanh layer in place of the maxout; and the Luong variants
+start from the same s_0 = tanh(W_s bwd h_1), the encoder being bidirectional
+(Luong's is one-directional, its last state the start).
 """
 
 import dataclasses
