@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from transformer import attention
+from transformer import dropout as dropout_lib
 from transformer.attention import MultiHeadAttention
-from transformer.config import ATTENTION_SCORES
+from transformer.config import ATTENTION_IMPLEMENTATIONS, ATTENTION_SCORES
 from tests.helpers import tiny_config
 
 
@@ -368,3 +369,50 @@ def test_padded_keys_do_not_change_real_outputs(score, self_attention):
   real = 3 if self_attention else None  # Self-attention: the padded queries moved too.
   np.testing.assert_allclose(out_changed[0, :real], out[0, :real], atol=1e-5)
   np.testing.assert_allclose(out_changed[1], out[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+@pytest.mark.parametrize("impl", ATTENTION_IMPLEMENTATIONS)
+def test_attention_dropout_drops_probabilities_at_its_own_rate_only(score, impl,
+                                                                    monkeypatch):
+  """config.model.attention_dropout, not P_drop (config.model.dropout, which the
+  paper applies to sublayer outputs and embeddings only, 5.4), drops attention
+  probabilities. With dropout=0.3 and attention_dropout=0 a training forward equals
+  the deterministic one for every rng; with attention_dropout=0.3 it equals
+  softmax(scores) dropped at 0.3 (with the rng the module drew) times V, W_O, written
+  out from the parameters, and moves with the rng."""
+  cfg = tiny_config(dropout=0.3, attention_score=score, attention_impl=impl)
+  mha = MultiHeadAttention(cfg, self_attention=False)
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.normal(size=(2, 3, cfg.d_model)), jnp.float32)
+  mem = jnp.asarray(rng.normal(size=(2, 5, cfg.d_model)), jnp.float32)
+  mask = attention.padding_mask(jnp.asarray([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]))
+  params = mha.init(jax.random.key(0), x, mem, mask, deterministic=True)["params"]
+  det = mha.apply({"params": params}, x, mem, mask, deterministic=True)
+  train = lambda cfg, seed: MultiHeadAttention(cfg, self_attention=False).apply(
+      {"params": params}, x, mem, mask, deterministic=False,
+      rngs={"dropout": jax.random.key(seed)})
+  for seed in (1, 2):
+    np.testing.assert_allclose(train(cfg, seed), det, atol=1e-6)
+
+  rngs = []  # The rng of each dropout the attention code runs.
+
+  def recording(probs, rate, rng):
+    rngs.append(rng)
+    return dropout_lib.dropout(probs, rate, rng)
+
+  monkeypatch.setattr(attention, "dropout", recording)
+  cfg = dataclasses.replace(cfg, attention_dropout=0.3)
+  with jax.default_matmul_precision("float32"):  # Not a GPU's TF32 products.
+    got = train(cfg, 1)
+    assert len(rngs) == 1
+    project = lambda name, inputs: jnp.einsum("btd,dhk->bthk", inputs, params[name]["kernel"])
+    score_params = {n: params[n] for n in params if n.startswith("score_")}
+    probs = attention.attention_probs(project("query", x), project("key", mem), mask,
+                                      score=score, score_params=score_params)
+    dropped = dropout_lib.dropout(probs, 0.3, rngs[0])
+    want = jnp.einsum("bhts,bshk,hkd->btd", dropped, project("value", mem),
+                      params["out"]["kernel"])
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert np.abs(got - det).max() > 1e-2
+  assert np.abs(train(cfg, 2) - got).max() > 1e-2

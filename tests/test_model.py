@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from transformer import attention as attention_lib
-from transformer.config import ATTENTION_SCORES
-from transformer.model import (Embed, Transformer, shift_right, sinusoidal_table,
-                               tied_logits)
+from transformer import dropout as dropout_lib
+from transformer.attention import MultiHeadAttention
+from transformer.config import ACTIVATIONS, ATTENTION_IMPLEMENTATIONS, ATTENTION_SCORES
+from transformer.model import (DecoderLayer, Embed, EncoderLayer, FeedForward, Transformer,
+                               shift_right, sinusoidal_table, tied_logits)
 from transformer.state import parameter_count, parameter_shapes
 from tests.helpers import TINY, init_model, random_tokens, tiny_config
 
@@ -245,6 +247,166 @@ def test_d_k_of_d_model_over_h_is_the_default_model():
                                 model.apply({"params": explicit}, inputs, targets))
 
 
+# The activations by their formulas: relu is the paper's max(0, x) (3.3); gelu is
+# jax.nn.gelu's default, the tanh approximation; silu is x * sigmoid(x).
+ACTIVATION_FORMULAS = {
+    "relu": lambda h: np.maximum(0.0, h),
+    "gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))),
+    "silu": lambda h: h / (1 + np.exp(-h)),
+}
+
+
+def _perturbed(params, seed=0, scale=0.2):
+  """params plus N(0, scale^2) noise: LayerNorm scales move away from 1 and biases
+  from 0, so that a norm or a bias left out or misplaced changes the outputs."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype)
+                                   for p, k in zip(leaves, keys)])
+
+
+def _layer_norm(x, p):
+  """LayerNorm over the last axis with epsilon 1e-6, its scale and bias from `p`."""
+  x = np.asarray(x, np.float64)
+  mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + 1e-6) * np.asarray(p["scale"]) + np.asarray(p["bias"])
+
+
+def _ffn(x, p, activation):
+  """activation(x W1 + b1) W2 + b2 from FeedForward's parameters (3.3)."""
+  h = np.asarray(x, np.float64) @ np.asarray(p["inner"]["kernel"]) + np.asarray(p["inner"]["bias"])
+  return (ACTIVATION_FORMULAS[activation](h) @ np.asarray(p["outer"]["kernel"])
+          + np.asarray(p["outer"]["bias"]))
+
+
+def _attend(cfg, p, self_attention, x, memory, mask):
+  """MultiHeadAttention with parameters `p` (itself checked against per-head
+  matrices in test_attention)."""
+  out = MultiHeadAttention(cfg, self_attention=self_attention).apply(
+      {"params": p}, jnp.asarray(x, jnp.float32), jnp.asarray(memory, jnp.float32), mask,
+      deterministic=True)
+  return np.asarray(out, np.float64)
+
+
+def _block(cfg, x, sublayer, norm_params):
+  """The paper's LayerNorm(x + Sublayer(x)) (3.1) post-LN; x + Sublayer(LayerNorm(x)) pre-LN."""
+  if cfg.norm_position == "pre":
+    return x + sublayer(_layer_norm(x, norm_params))
+  return _layer_norm(x + sublayer(x), norm_params)
+
+
+def _encoder_layer(cfg, p, x, mask):
+  x = _block(cfg, x, lambda h: _attend(cfg, p["self_attention"], True, h, h, mask),
+             p["self_attention_norm"])
+  return _block(cfg, x, lambda h: _ffn(h, p["feed_forward"], cfg.activation),
+                p["feed_forward_norm"])
+
+
+def _decoder_layer(cfg, p, y, encoded, self_mask, cross_mask):
+  y = _block(cfg, y, lambda h: _attend(cfg, p["self_attention"], True, h, h, self_mask),
+             p["self_attention_norm"])
+  y = _block(cfg, y, lambda h: _attend(cfg, p["cross_attention"], False, h, encoded, cross_mask),
+             p["cross_attention_norm"])
+  return _block(cfg, y, lambda h: _ffn(h, p["feed_forward"], cfg.activation),
+                p["feed_forward_norm"])
+
+
+def test_activation_formulas_cover_every_activation_and_relu_is_the_default():
+  """A new activation needs its formula here; the paper's FFN is max(0, .) (3.3)."""
+  assert set(ACTIVATION_FORMULAS) == set(ACTIVATIONS)
+  assert tiny_config().activation == "relu"
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_feed_forward_is_activation_of_x_w1_plus_b1_times_w2_plus_b2(activation):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (3.3) with config.model.activation in place of
+  max(0, .), from the module's own parameters (biases made non-zero): the
+  activation the config names is the one applied, between the two layers."""
+  cfg = tiny_config(activation=activation)
+  ffn = FeedForward(cfg)
+  x = jax.random.normal(jax.random.key(0), (2, 5, cfg.d_model))
+  params = _perturbed(ffn.init(jax.random.key(1), x)["params"])
+  assert jax.tree.map(jnp.shape, params) == {
+      "inner": {"kernel": (cfg.d_model, cfg.d_ff), "bias": (cfg.d_ff,)},
+      "outer": {"kernel": (cfg.d_ff, cfg.d_model), "bias": (cfg.d_model,)}}
+  with jax.default_matmul_precision("float32"):  # Not a GPU's TF32 products.
+    got = ffn.apply({"params": params}, x)
+  np.testing.assert_allclose(got, _ffn(x, params, activation), atol=1e-5)
+  # The activations differ by O(0.1) on these inputs: another one would show.
+  for other in set(ACTIVATIONS) - {activation}:
+    assert np.abs(_ffn(x, params, other) - got).max() > 1e-2, other
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_layers_are_their_sublayers_in_residual_blocks(norm_position):
+  """An encoder layer is self-attention then the FFN, a decoder layer masked
+  self-attention, encoder-decoder attention, then the FFN (3.1), each sublayer in
+  LayerNorm(x + Sublayer(x)) post-LN (the paper's) or x + Sublayer(LayerNorm(x))
+  pre-LN: the layers equal that composition written out, from their parameters
+  (LayerNorm scales and all biases made non-trivial)."""
+  cfg = tiny_config(norm_position=norm_position)
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.normal(size=(2, 5, cfg.d_model)), jnp.float32)
+  y = jnp.asarray(rng.normal(size=(2, 4, cfg.d_model)), jnp.float32)
+  mask = attention_lib.padding_mask(jnp.asarray([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]))
+  causal = attention_lib.causal_mask(4)
+
+  with jax.default_matmul_precision("float32"):  # Not a GPU's TF32 products.
+    encoder_layer = EncoderLayer(cfg)
+    params = _perturbed(encoder_layer.init(jax.random.key(0), x, mask,
+                                           deterministic=True)["params"])
+    got = encoder_layer.apply({"params": params}, x, mask, deterministic=True)
+    np.testing.assert_allclose(got, _encoder_layer(cfg, params, x, mask), atol=1e-4)
+
+    decoder_layer = DecoderLayer(cfg)
+    params = _perturbed(decoder_layer.init(jax.random.key(1), y, x, causal, mask,
+                                           deterministic=True)["params"], seed=1)
+    got = decoder_layer.apply({"params": params}, y, x, causal, mask, deterministic=True)
+    np.testing.assert_allclose(got, _decoder_layer(cfg, params, y, x, causal, mask),
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_stacks_are_their_layers_then_a_final_norm_when_pre_ln(norm_position):
+  """Each stack is embeddings * sqrt(d_model) + positions, then its N layers; pre-LN
+  leaves the residual stream unnormalised, so each stack ends in its own LayerNorm
+  (`final_norm`) there, and post-LN (whose layers end in one) has none. The whole
+  model equals that composition written out: encoder output and logits (x E^T
+  through the shared embedding E, 3.4)."""
+  cfg = tiny_config(norm_position=norm_position)
+  rng = np.random.default_rng(7)
+  inputs = random_tokens(rng, [5, 3], 6)
+  targets = random_tokens(rng, [4, 6], 6)
+  model, params = init_model(cfg, inputs, targets)
+  params = _perturbed(params, seed=2)
+  layers = {f"layer_{i}" for i in range(cfg.num_layers)}
+  final = {"final_norm"} if norm_position == "pre" else set()
+  assert set(params["encoder"]) == layers | final
+  assert set(params["decoder"]) == layers | final
+
+  with jax.default_matmul_precision("float32"):  # Not a GPU's TF32 products.
+    table = np.asarray(params["shared_embedding"]["embedding"], np.float64)
+    positions = sinusoidal_table(cfg.max_len, cfg.d_model)
+    embed = lambda ids: table[ids] * math.sqrt(cfg.d_model) + positions[:ids.shape[1]]
+    mask = attention_lib.padding_mask(jnp.asarray(inputs))
+    x = embed(inputs)
+    for i in range(cfg.num_layers):
+      x = _encoder_layer(cfg, params["encoder"][f"layer_{i}"], x, mask)
+    if norm_position == "pre":
+      x = _layer_norm(x, params["encoder"]["final_norm"])
+    encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+    np.testing.assert_allclose(encoded, x, atol=1e-4)
+
+    y = embed(np.asarray(shift_right(jnp.asarray(targets), cfg.bos_id)))
+    causal = attention_lib.causal_mask(targets.shape[1])
+    for i in range(cfg.num_layers):
+      y = _decoder_layer(cfg, params["decoder"][f"layer_{i}"], y, x, causal, mask)
+    if norm_position == "pre":
+      y = _layer_norm(y, params["decoder"]["final_norm"])
+    logits = model.apply({"params": params}, inputs, targets)
+    np.testing.assert_allclose(logits, y @ table.T, atol=1e-4)
+
+
 def test_dropout_is_active_only_in_training():
   cfg = tiny_config(dropout=0.3)
   rng = np.random.default_rng(4)
@@ -302,6 +464,40 @@ def test_dropout_acts_on_sublayer_outputs_and_embedding_sums_only():
                 + [f"decoder/layer_{i}:{m}" for i in range(n)
                    for m in ("MultiHeadAttention", "MultiHeadAttention", "FeedForward")])
     assert sites == expected, norm_position
+
+
+@pytest.mark.parametrize("score", ATTENTION_SCORES)
+@pytest.mark.parametrize("attention_impl", ATTENTION_IMPLEMENTATIONS)
+def test_attention_dropout_is_its_own_rate_in_every_attention(score, attention_impl,
+                                                              monkeypatch):
+  """Dropout on the attention probabilities is config.model.attention_dropout's, not
+  P_drop's (the paper has none there: 5.4): in a training forward with dropout=0.1
+  it never runs at attention_dropout=0, and at 0.2 it runs once in each of the 3N
+  attentions, at that rate, on [B, H, T, S] probabilities. Every dropout of the
+  attention code is recorded (attention.dropout)."""
+  calls = []
+
+  def recording(x, rate, rng):
+    calls.append((x.shape, rate))
+    return dropout_lib.dropout(x, rate, rng)
+
+  monkeypatch.setattr(attention_lib, "dropout", recording)
+  rng = np.random.default_rng(4)
+  inputs = random_tokens(rng, [5, 3], 5); targets = random_tokens(rng, [4, 4], 4)
+  for attention_dropout in (0.0, 0.2):
+    cfg = tiny_config(dropout=0.1, attention_dropout=attention_dropout,
+                      attention_score=score, attention_impl=attention_impl)
+    model, params = init_model(cfg, inputs, targets)
+    calls.clear()
+    model.apply({"params": params}, inputs, targets, deterministic=False,
+                rngs={"dropout": jax.random.key(1)})
+    if attention_dropout == 0.0:
+      assert calls == []
+      continue
+    H, S, T = cfg.num_heads, inputs.shape[1], targets.shape[1]
+    expected = [((2, H, S, S), 0.2)] * cfg.num_layers + [((2, H, T, T), 0.2),
+                                                         ((2, H, T, S), 0.2)] * cfg.num_layers
+    assert calls == expected
 
 
 @pytest.mark.parametrize("tie_output", [True, False])
