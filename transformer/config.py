@@ -377,11 +377,12 @@ FIXED_ON_RESUME = {
 }
 
 
-def _flatten(tree, prefix=""):
+def flatten(tree, prefix=""):
+  """{'a.b': value} of nested dicts."""
   out = {}
   for key, value in tree.items():
     if isinstance(value, dict):
-      out.update(_flatten(value, f"{prefix}{key}."))
+      out.update(flatten(value, f"{prefix}{key}."))
     else:
       out[f"{prefix}{key}"] = value
   return out
@@ -392,7 +393,7 @@ def resume_changes(saved: dict, current: dict):
   was trained with and the current one (nested dicts of JSON values), as
   (field, old, new, why it cannot change) and (field, old, new). Fields only
   one of them has (workdirs older than a field) are not compared."""
-  old, new = _flatten(saved), _flatten(current)
+  old, new = flatten(saved), flatten(current)
   fixed, free = [], []
   for field in sorted(set(old) & set(new)):
     if old[field] == new[field]:

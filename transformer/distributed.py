@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import secrets
 import socket
 import sys
 import traceback
@@ -250,6 +251,57 @@ def gather_messages(message: str, limit: int = 400) -> list:
   return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in np.asarray(rows)]
 
 
+class JobError(runtime.CommandError):
+  """Bad input that every process of a job found together, through a collective,
+  and raises at the same point: each says so before any exits
+  (exit_at_once_on_error), where the first to exit would take the others down
+  before they had."""
+
+
+SHARED_CHECK = ".shared_by_the_job"  # Written by process 0, read by the others, removed.
+
+
+def check_shared_directory(directory: str, what: str) -> None:
+  """Stops every process of a job whose processes do not see one `directory`
+  (node-local storage given as the workdir, say), naming those that do not:
+  process 0 writes a random token there and the others read it back. Without
+  the check each process trained on as if alone, and the first checkpoint
+  waited for the others' files until Orbax's ten-minute timeout, then hung."""
+  if jax.process_count() == 1:
+    return
+  path = os.path.join(directory, SHARED_CHECK)
+  token, problem = "", ""
+  if jax.process_index() == 0:
+    token = secrets.token_hex(16)
+    try:
+      with open(path, "w") as f:
+        f.write(token)
+    except OSError as e:
+      token, problem = "", f"cannot write {path}: {e}"
+  token = gather_messages(token)[0]
+  if jax.process_index() != 0 and token:
+    try:
+      with open(path) as f:
+        seen = f.read()
+    except OSError:
+      seen = None
+    if seen != token:
+      problem = "does not see it"
+  problems = gather_messages(problem)  # The others have read it: process 0 may remove it.
+  if jax.process_index() == 0 and token:
+    with contextlib.suppress(OSError):
+      os.remove(path)
+  blind = [i for i, p in enumerate(problems) if p == "does not see it"]
+  if blind:
+    raise JobError(
+        f"{what} {directory} is not one directory shared by the job's processes: process"
+        f"{'es' if len(blind) > 1 else ''} {', '.join(map(str, blind))} did not see the file "
+        f"process 0 wrote there ({SHARED_CHECK}); give every process the same path on a "
+        "shared filesystem, not node-local storage")
+  if problems[0]:
+    raise JobError(f"process 0: {problems[0]}")
+
+
 def process_0_only(fn, what: str):
   """fn() in process 0, None in the others; where it raises, every process
   raises: process 0 its error, the others a CommandError quoting it. One
@@ -308,4 +360,7 @@ def exit_at_once_on_error(command: str, one_line=()):
       sys.stderr.write(f"{where} failed:\n" + traceback.format_exc())
     sys.stderr.flush()
     sys.stdout.flush()
+    if isinstance(e, JobError):  # Every process raised it: each has said so before any exits.
+      with contextlib.suppress(Exception):
+        barrier(f"{command}: error said")
     os._exit(1)  # pylint: disable=protected-access

@@ -19,6 +19,7 @@ from transformer import checkpoints, data as data_lib, files, inference, lock, l
 from transformer import metrics as metrics_lib
 from transformer import distributed, preemption, runtime, sharding, state as state_lib
 from transformer import workdir as workdir_lib
+from transformer import config as config_lib
 from transformer.config import check_config, check_model_axis, resolve_dtype
 
 Array = jax.Array
@@ -281,7 +282,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   stops the run before anything is written (workdir.check_resume_config)."""
   check_config(config)
   distributed.maybe_initialize(config.distributed, stop_at_sync_points=True)
+  check_same_config_everywhere(config)
   with lock.hold(workdir, "train", primary=jax.process_index() == 0):
+    distributed.check_shared_directory(workdir, "--workdir")
     workdir_lib.check_resume_config(workdir, config)  # Before config.json is replaced.
     # The config.json of a workdir that holds nothing trained yet (neither a
     # vocabulary nor checkpoints) comes first: the vocabulary trained next depends
@@ -290,6 +293,38 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if jax.process_index() == 0 and not workdir_lib.holds_training(workdir):
       save_config(config, workdir)
     return _train_and_evaluate(config, workdir)
+
+
+# What each process of a job may set for itself: where its copy of the data is,
+# and how far ahead it reads.
+PER_PROCESS_FIELDS = ("data.text_dir", "data.tfds_data_dir", "data.prefetch")
+
+
+def check_same_config_everywhere(config) -> None:
+  """Stops every process of a job whose processes run different configs, naming
+  the fields: each would otherwise train with its own values (one learning
+  rate's updates here, another's there, a mixture saved) or wait forever in
+  collectives that no longer match (another num_steps)."""
+  if jax.process_count() == 1:
+    return
+  values = {field: value for field, value in config_lib.flatten(
+      json.loads(config.to_json_best_effort())).items() if field not in PER_PROCESS_FIELDS}
+  text = json.dumps(values, sort_keys=True)
+  size = max(int(n) for n in distributed.gather_messages(str(len(text.encode()))))
+  everyone = [json.loads(t) for t in distributed.gather_messages(text, limit=size)]
+  differences = []
+  for index, theirs in enumerate(everyone[1:], 1):
+    fields = sorted(f for f in set(values) | set(theirs)
+                    if everyone[0].get(f) != theirs.get(f))
+    if fields:
+      differences.append(f"process {index}: " + ", ".join(
+          f"{f}={theirs.get(f)!r} (process 0: {everyone[0].get(f)!r})" for f in fields[:5])
+          + (f" and {len(fields) - 5} more" if len(fields) > 5 else ""))
+  if differences:
+    raise distributed.JobError(
+        "the job's processes run different configs (every process must give train.py the "
+        f"same --config and overrides; only {', '.join(PER_PROCESS_FIELDS)} may differ): "
+        + "; ".join(differences))
 
 
 def _warn_of_idle_fsdp(config, data_devices: int, split_arrays: int) -> None:
