@@ -84,16 +84,23 @@ def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   assert results.read_status(os.path.join(workdir, "base"))["steps"] == 9
 
 
-def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_path):
-  """Checkpoints trained under one recipe are not continued, or relabelled, under
-  another: the variant is 'stale' and its status stays; a longer num_steps (or a
-  variant with no checkpoint yet) still runs."""
+def _base_finished_ls0_failed(tmp_path):
+  """A sweep of the base and ls0 run once at 5 steps, ls0 failing: (sweep file,
+  workdir, sweep)."""
   path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
                      "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
   workdir = str(tmp_path / "runs")
   sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
   assert sweep_run.run_local(sweep, workdir, FakeTrainer(fail={"ls0"})) == {
       "base": "finished", "ls0": "failed"}
+  return path, workdir, sweep
+
+
+def test_a_rerun_with_other_settings_leaves_trained_variants_as_they_are(tmp_path):
+  """Checkpoints trained under one recipe are not continued, or relabelled, under
+  another: the variant is 'stale' and its status stays; a longer num_steps (or a
+  variant with no checkpoint yet) still runs."""
+  path, workdir, sweep = _base_finished_ls0_failed(tmp_path)
   before = results.read_status(os.path.join(workdir, "base"))
   other = sweep_lib.resolve(path, sets=["train.num_steps=5", "optim.learning_rate_scale=0.5"])
   trainer = FakeTrainer()
@@ -118,12 +125,7 @@ def test_a_finished_variant_without_checkpoints_is_not_trained_again_in_place(tm
   config.json, and its evaluate results were then labelled with the new
   settings. It is 'stale' like one with checkpoints; so is one holding evaluate
   results alone; a failed attempt that left nothing runs again."""
-  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n"
-                     "  return [('ls0', {{'train.label_smoothing': 0.0}})]\n")
-  workdir = str(tmp_path / "runs")
-  sweep = sweep_lib.resolve(path, sets=["train.num_steps=5"])
-  assert sweep_run.run_local(sweep, workdir, FakeTrainer(fail={"ls0"})) == {
-      "base": "finished", "ls0": "failed"}
+  path, workdir, sweep = _base_finished_ls0_failed(tmp_path)
   for name in ("base", "ls0"):
     shutil.rmtree(os.path.join(workdir, name, "checkpoints"), ignore_errors=True)
   before = results.read_status(os.path.join(workdir, "base"))

@@ -148,30 +148,9 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_gradient_accumulation_equals_one_big_batch(data_dir):
-  config = tiny_experiment(data_dir)
-  config.model.dropout = 0.0  # The micro-batches draw other dropout masks.
-  config.optim.adam_eps = ADAM_EPS_NOTE
-  mesh = sharding.make_mesh(jax.devices()[:1])
-  model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
-  state = state_lib.init_state(model, tx, config, shardings)
-  rng = np.random.default_rng(0)
-  targets = rng.integers(4, 23, size=(8, 12)).astype(np.int32)
-  targets[::3, 7:] = 0  # Rows with different numbers of real tokens.
-  batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32), "targets": targets}
-  results = []
-  for k in (1, 4):
-    step = jax.jit(lambda s, b, k=k: training.train_step(
-        s, b, model=model, tx=tx, label_smoothing=0.1, grad_accum_steps=k))
-    results.append(step(state, batch))
-  (s1, m1), (s4, m4) = results
-  np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
-  np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-5)
-  for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
-    np.testing.assert_allclose(x, y, atol=1e-6)
-
-
-def _tiny_step_setup(data_dir, dropout):
+def _tiny_step(data_dir, dropout=0.0):
+  """A tiny model's state, an 8-row batch whose rows hold different numbers of
+  real tokens, and train_step jitted for k micro-batches: step(k)."""
   config = tiny_experiment(data_dir)
   config.model.dropout = dropout
   config.optim.adam_eps = ADAM_EPS_NOTE
@@ -179,12 +158,21 @@ def _tiny_step_setup(data_dir, dropout):
   model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
   rng = np.random.default_rng(0)
-  targets = rng.integers(4, 23, size=(4, 12)).astype(np.int32)
-  targets[::2, 7:] = 0
-  batch = {"inputs": rng.integers(4, 23, size=(4, 10)).astype(np.int32), "targets": targets}
-  step = jax.jit(lambda s, b: training.train_step(s, b, model=model, tx=tx,
-                                                  label_smoothing=0.1))
+  targets = rng.integers(4, 23, size=(8, 12)).astype(np.int32)
+  targets[::3, 7:] = 0
+  batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32), "targets": targets}
+  step = lambda k=1: jax.jit(lambda s, b: training.train_step(
+      s, b, model=model, tx=tx, label_smoothing=0.1, grad_accum_steps=k))
   return state, batch, step
+
+
+def test_gradient_accumulation_equals_one_big_batch(data_dir):
+  state, batch, step = _tiny_step(data_dir)  # No dropout: micro-batches draw other masks.
+  (s1, m1), (s4, m4) = step(1)(state, batch), step(4)(state, batch)
+  np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
+  np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-5)
+  for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
+    np.testing.assert_allclose(x, y, atol=1e-6)
 
 
 def test_padding_changes_no_update(data_dir):
@@ -192,9 +180,9 @@ def test_padding_changes_no_update(data_dir):
   more PAD columns gives the same gradient norm and update (divided by the
   padded size, the gradients would shrink with the padding, and so would
   clipping's and the batches' weights)."""
-  state, batch, step = _tiny_step_setup(data_dir, dropout=0.0)
+  state, batch, step = _tiny_step(data_dir)
   padded = {k: np.pad(v, ((0, 0), (0, 6))) for k, v in batch.items()}
-  (s1, m1), (s2, m2) = step(state, batch), step(state, padded)
+  (s1, m1), (s2, m2) = step()(state, batch), step()(state, padded)
   for name in ("loss", "grad_norm", "update_norm", "tokens"):
     np.testing.assert_allclose(m1[name], m2[name], rtol=1e-5, err_msg=name)
   for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
@@ -206,8 +194,8 @@ def test_each_step_draws_new_dropout_masks(data_dir):
   steps 0 and 1 give other gradients under dropout, the same without it (one
   key for every step would drop the same units of each batch shape forever)."""
   for dropout, same in ((0.3, False), (0.0, True)):
-    state, batch, step = _tiny_step_setup(data_dir, dropout)
-    norms = [float(step(state.replace(step=jnp.asarray(n, state.step.dtype)), batch)[1][
+    state, batch, step = _tiny_step(data_dir, dropout)
+    norms = [float(step()(state.replace(step=jnp.asarray(n, state.step.dtype)), batch)[1][
         "grad_norm"]) for n in (0, 1)]
     assert (norms[0] == norms[1]) is same, (dropout, norms)
 
