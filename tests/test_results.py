@@ -188,11 +188,19 @@ def test_figures_of_an_earlier_step_than_the_checkpoint_are_noted(tmp_path):
   row = results.variant_row(sweep.variants[0], variant_dir)
   assert (row["steps"], row["dev_perplexity"], row["dev_bleu_training"]) == (59, 4.0, 0.25)
   assert row["note"] == ("its dev score (training) is of step 50, training's dev PPL is of "
-                         "step 58: the last logged; the checkpoint is at step 59")
+                         "step 58: the last logged; the latest checkpoint is at step 59")
+  # A workdir of no variant keeps the note beside its own.
+  shutil.copytree(variant_dir, str(tmp_path / "runs" / "gone"))
+  notes = results.collect(sweep, str(tmp_path / "runs")).split("\n- ")
+  assert notes[-1].startswith("gone (stopped): no variant of ") and notes[-1].endswith(
+      "training's dev PPL is of step 58: the last logged; the latest checkpoint is at "
+      "step 59\n")
+  shutil.rmtree(str(tmp_path / "runs" / "gone"))
   os.makedirs(os.path.join(variant_dir, "checkpoints", "58"))
   shutil.rmtree(os.path.join(variant_dir, "checkpoints", "59"))
   assert results.variant_row(sweep.variants[0], variant_dir)["note"] == (
-      "its dev score (training) is of step 50: the last logged; the checkpoint is at step 58")
+      "its dev score (training) is of step 50: the last logged; the latest checkpoint is at "
+      "step 58")
 
 
 def test_collect_writes_the_table_with_blanks_where_figures_are_missing(tmp_path):

@@ -313,7 +313,10 @@ def test_conflicting_modes_and_a_workdir_that_is_a_file_are_one_line(tmp_path):
       (["--list", "--checkpoint", "best"],
        "--checkpoint says whose results --collect reads: give it with --collect"),
       (["--workdir", str(tmp_path / "afile"), "--only", "pre"],
-       f"--workdir {tmp_path / 'afile'} is a file, not a directory")):
+       f"--workdir {tmp_path / 'afile'} is a file, not a directory"),
+      (["--workdir", str(tmp_path / "afile" / "sub"), "--emit", "slurm"],
+       f"--workdir {tmp_path / 'afile' / 'sub'}: [Errno 20] Not a directory: "
+       f"'{tmp_path / 'afile' / 'sub'}'")):
     out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep", sweep, *args],
                          cwd=ROOT, capture_output=True, text=True,
                          env=process_helpers.command_env())

@@ -260,7 +260,7 @@ def variant_row(variant, variant_dir: str, checkpoint: str = "latest",
              for tag in used if tag in logged and logged[tag][0] != steps]
   if earlier and steps is not None:
     row["note"] = "; ".join(filter(None, [row.get("note"), (
-        f"{', '.join(earlier)}: the last logged; the checkpoint is at step {steps}")]))
+        f"{', '.join(earlier)}: the last logged; the latest checkpoint is at step {steps}")]))
   return row
 
 
@@ -361,9 +361,10 @@ def collect(sweep, workdir: str, checkpoint: str = "latest", statuses: Optional[
     row = variant_row(dataclasses.replace(sweep.variants[0], name=name, overrides=[]),
                       os.path.join(workdir, name), checkpoint, None, statuses[name])
     row["changes"] = own_overrides(statuses[name])
-    row["note"] = (f"no variant of {sweep.path}" + (f" with `{' '.join(sets)}`" if sets else "")
-                   + "; listed as its workdir holds it, trained with "
-                   + _trained_with(statuses[name]))
+    row["note"] = "; ".join(filter(None, [
+        f"no variant of {sweep.path}" + (f" with `{' '.join(sets)}`" if sets else "")
+        + "; listed as its workdir holds it, trained with " + _trained_with(statuses[name]),
+        row.get("note")]))
     rows.append(row)
   metric = metrics_lib.main_metric(base.data.dataset)
   notes = [f"On every variant (--set): `{' '.join(sets)}`." if sets else None,

@@ -389,7 +389,10 @@ def main(argv):
   elif f.emit == "commands":
     print("\n".join(commands(sweep, workdir)))
   elif f.emit == "slurm":
-    os.makedirs(workdir, exist_ok=True)  # SLURM writes the tasks' output there.
+    try:
+      os.makedirs(workdir, exist_ok=True)  # SLURM writes the tasks' output there.
+    except OSError as e:
+      sys.exit(f"sweep: error: --workdir {workdir}: {e}")
     print(slurm_script(sweep, workdir, os.path.basename(workdir)), end="")
   elif f.collect:
     try:

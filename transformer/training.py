@@ -296,7 +296,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 # What each process of a job may set for itself: where its copy of the data is,
-# and how far ahead it reads.
+# and how far ahead it reads. (Not data.vocab_path: copies of the vocabulary
+# could differ unseen before a checkpoint records its bytes.)
 PER_PROCESS_FIELDS = ("data.text_dir", "data.tfds_data_dir", "data.prefetch")
 
 
