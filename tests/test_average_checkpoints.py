@@ -100,6 +100,10 @@ def test_mean_params_keeps_dtypes_and_sums_in_float32():
   assert float(mean["b"]) == pytest.approx(7 / 3)
   with pytest.raises(ValueError, match="nothing to average"):
     mean_params([])
+  # Summed in float32: 256 + 1 + 1 in bfloat16 rounds to 256 (8 bits), and the
+  # mean would read 85.5 instead of 86.
+  exact = mean_params(iter([{"w": jnp.asarray([v], jnp.bfloat16)} for v in (256.0, 1.0, 1.0)]))
+  assert float(exact["w"][0]) == 86.0
 
 
 @pytest.mark.parametrize("where", ["save", "swap"])

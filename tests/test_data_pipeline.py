@@ -106,6 +106,18 @@ def test_order_depends_on_seed_and_epoch_only(mode):
   assert _ids(_epoch(it, 0)) != _ids(_epoch(it, 1))
 
 
+def test_bucketed_batches_mix_lengths_and_regroup_each_epoch():
+  """Section 5.1's batches of about equal lengths, drawn in random order: an
+  epoch's batch widths are not bucket by bucket (short to long), and a bucket's
+  examples fall into other batches each epoch, not the same groups reshuffled."""
+  it = _make('bucket')
+  epochs = [_epoch(it, 0), _epoch(it, 1)]
+  widths = [b['inputs'].shape[1] for b in epochs[0]]
+  assert widths != sorted(widths) and widths != sorted(widths, reverse=True)
+  groups = lambda batches: {frozenset(i for i, _, _ in _rows(b)) for b in batches}
+  assert groups(epochs[0]) != groups(epochs[1])
+
+
 @pytest.mark.parametrize('mode', ['bucket', 'pack'])
 def test_resume_yields_the_same_batches(mode):
   ref = _make(mode)
@@ -285,6 +297,20 @@ def test_bucket_lengths_are_few_and_aligned():
   assert ladder[-1] == 256 and len(ladder) <= 20
   assert all(n % 8 == 0 for n in ladder) and ladder == sorted(set(ladder))
   assert pipeline.bucket_lengths(50)[-1] == 56
+
+
+def test_a_length_on_a_bucket_boundary_takes_that_bucket():
+  """An example of exactly a bucket's width is padded to it, not to the next."""
+  buckets, bucket_of = pipeline._buckets(np.array([8, 16, 17, 7]), 40, 'x')  # pylint: disable=protected-access
+  assert buckets[bucket_of].tolist() == [8, 16, 24, 8]
+
+
+def test_an_example_of_exactly_max_length_is_kept_whole():
+  """max_length counts EOS: 4 characters + EOS fit max_length=5, on both sides."""
+  for overlong in ('drop', 'truncate'):
+    ex, stats = pipeline.tokenize_pairs([('abcd', 'wxyz')], _CharTokenizer(), 5, overlong)
+    assert (stats['kept'], stats['truncated']) == (1, 0)
+    assert [len(side) for side in ex[0]] == [5, 5]
 
 
 def test_pack_with_shorter_source_rows():

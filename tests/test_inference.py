@@ -190,3 +190,12 @@ def test_batches_at_once_is_one_where_concurrent_programs_could_fail(monkeypatch
     inference.batches_at_once(config, mesh("cpu", 1), requested=-1)
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   assert inference.batches_at_once(config, mesh("cpu", 1)) == 1
+
+
+def test_outputs_are_cut_after_their_eos_which_they_keep():
+  """decode_ids's outputs end with their EOS (the attention plots' last row);
+  one that never ended loses only its padding."""
+  cut = lambda ids: inference._cut(np.array(ids)).tolist()  # pylint: disable=protected-access
+  eos = data_lib.EOS_ID
+  assert cut([5, eos, 0, 0]) == [5, eos] and cut([5, 6, eos, 7]) == [5, 6, eos]
+  assert cut([5, 6, 0, 0]) == [5, 6]

@@ -7,7 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import base
+from tests.helpers import random_tokens, tiny_config
+from transformer import optim
 from transformer.mixed_precision import Dense, dense, tokens_dot
+from transformer.model import Transformer
 
 # The model's Dense forms: FFN [B,T,D] x [D,F]; Q/K/V [B,T,D] x [D,H,K];
 # heads merge [B,T,H,K] x [H,K,D]; an even token count (bf16: the two-blocks
@@ -186,3 +190,18 @@ def test_auto_dtype_is_bfloat16_on_accelerators_and_float32_on_cpus():
   assert resolve_dtype("float32", "gpu") == "float32"  # An explicit dtype stays.
   want = jnp.bfloat16 if jax.default_backend() in ("gpu", "tpu") else jnp.float32
   assert ModelConfig(dtype="auto").compute_dtype == want
+
+
+def test_a_bfloat16_model_keeps_float32_parameters_and_moments():
+  """model.dtype=bfloat16 (what 'auto' picks on an accelerator) computes in
+  bfloat16 and keeps every parameter in float32, the embedding and LayerNorm
+  scales included, and so Adam's moments: updates of order lr * 1 added to
+  weights of order 1 would round away in bfloat16's 8 bits."""
+  x = random_tokens(np.random.default_rng(0), [4, 3], 5)
+  params = jax.eval_shape(Transformer(tiny_config(dtype="bfloat16")).init,
+                          jax.random.key(0), x, x)["params"]
+  tx, _ = optim.make_optimizer(base.get_config().optim, d_model=32)
+  moments = jax.eval_shape(tx.init, params)
+  wrong = [jax.tree_util.keystr(p) for p, leaf in jax.tree_util.tree_leaves_with_path(
+      (params, moments)) if jnp.issubdtype(leaf.dtype, jnp.floating) and leaf.dtype != jnp.float32]
+  assert not wrong, wrong

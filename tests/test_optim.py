@@ -69,3 +69,41 @@ def test_optimizer_is_adam_with_paper_hyperparameters():
   # The returned schedule (what training logs) is the rate that update used.
   np.testing.assert_allclose(float(schedule(0)), lr, rtol=1e-6)
   assert (config.adam_b1, config.adam_b2, config.adam_eps) == (0.9, 0.98, 1e-9)
+
+
+def test_clipping_scales_the_global_norm_to_its_bound_before_adam():
+  """optim.grad_clip_norm (the RNN configs' 1.0): a gradient of global norm 5 is
+  scaled to norm 1 before Adam sees it, one under the bound is left alone.
+  Adam is scale-invariant at its first step, so the check is the second update,
+  whose moments mix the clipped first gradient with the unclipped second."""
+  config = base.get_config().optim
+  config.grad_clip_norm = 1.0
+  tx, schedule = optim.make_optimizer(config, d_model=512)
+  params = {"w": jnp.zeros(2), "b": jnp.zeros(1)}
+  state = tx.init(params)
+  first = {"w": jnp.asarray([3.0, 0.0]), "b": jnp.asarray([4.0])}  # Global norm 5.
+  second = {"w": jnp.asarray([0.3, -0.1]), "b": jnp.asarray([0.2])}  # Norm < 1.
+  _, state = tx.update(first, state, params)
+  updates, _ = tx.update(second, state, params)
+  clipped = [np.array([0.6, 0.0, 0.8]), np.array([0.3, -0.1, 0.2])]
+  want = adam_by_hand(clipped, [float(schedule(0)), float(schedule(1))],
+                      config.adam_b1, config.adam_b2, config.adam_eps)[-1]
+  np.testing.assert_allclose(np.r_[updates["w"], updates["b"]], want, rtol=1e-5)
+  unclipped = adam_by_hand([np.array([3.0, 0.0, 4.0]), clipped[1]],
+                           [float(schedule(0)), float(schedule(1))], 0.9, 0.98, 1e-9)[-1]
+  assert not np.allclose(unclipped, want, rtol=1e-2)
+
+
+def test_weight_decay_is_decoupled_and_applies_to_every_parameter():
+  """optim.weight_decay (off in the paper): AdamW's -lr * wd * w beside Adam's
+  step, on every leaf (biases and LayerNorm scales included: no mask)."""
+  config = base.get_config().optim
+  config.weight_decay = 0.1
+  tx, schedule = optim.make_optimizer(config, d_model=512)
+  params = {"w": jnp.asarray([1.0, -2.0]), "scale": jnp.asarray([3.0])}
+  grads = {"w": jnp.asarray([0.5, 0.25]), "scale": jnp.asarray([-1.0])}
+  updates, _ = tx.update(grads, tx.init(params), params)
+  lr = float(schedule(0))
+  np.testing.assert_allclose(updates["w"], -lr * (np.sign([0.5, 0.25]) + 0.1 * np.array([1., -2.])),
+                             rtol=1e-5)
+  np.testing.assert_allclose(updates["scale"], -lr * (-1.0 + 0.1 * 3.0), rtol=1e-5)

@@ -514,3 +514,15 @@ def test_beam_returns_alive_when_nothing_finished():
       seq = list(np.asarray(ids_BxKxL[b, k]))
       assert EOS not in seq and np.all(np.asarray(seq[:m]) > EOS) and seq[m:] == [PAD] * (5 - m)
       np.testing.assert_allclose(np_logp(b, seq[:m]) / lp(m, 0.6), scores_BxK[b, k], rtol=1e-5)
+
+
+def test_sampling_draws_each_step_with_its_own_key():
+  """Row b's token at step t is drawn with fold_in(its key, t): from a flat
+  distribution (EOS banned) 40 steps give several tokens, where one key reused
+  at every step would repeat the first draw."""
+  def flat(ids, cache, step):
+    del step
+    return jnp.zeros((ids.shape[0], 6)).at[:, 3].set(-1e9), cache
+  ids = np.asarray(search.sample(flat, {}, jax.random.key(0), batch_size=1, max_len=40,
+                                 bos_id=2, eos_id=3))
+  assert len(set(ids[0, 1:].tolist())) > 1, ids

@@ -100,6 +100,16 @@ def test_a_model_axis_that_does_not_divide_a_leaf_leaves_it_replicated():
                             4) == P(None, None, None)
 
 
+def test_fsdp_splits_the_largest_axis_the_data_axis_divides_from_the_least_size():
+  """FSDP over 'data': the largest axis that the data size divides (the next one
+  where it does not divide the largest), from FSDP_MIN_SIZE values on."""
+  assert sharding.leaf_spec((1000, 128), 2, True, min_size=1000) == P("data", None)
+  assert sharding.leaf_spec((1001, 128), 2, True, min_size=1000) == P(None, "data")
+  assert sharding.leaf_spec((1001, 127), 2, True, min_size=1000) == P(None, None)
+  assert sharding.leaf_spec((10, 100), 2, True, min_size=1000) == P(None, "data")  # 1000 values.
+  assert sharding.leaf_spec((10, 99), 2, True, min_size=1000) == P(None, None)  # 990 values.
+
+
 def test_optimizer_moments_are_named_and_split_as_their_parameters():
   params = {"decoder": {"feed_forward": {"inner": {"kernel": jnp.zeros((8, 16))}}}}
   state = (params, optax.adam(1e-3).init(params))  # Params, then Adam's mu and nu.
