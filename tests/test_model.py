@@ -512,8 +512,7 @@ def test_bfloat16_compute_is_finite_and_close_to_float32(tie_output):
   assert out16.dtype == jnp.float32  # logits stay float32 ...
   as_bf16 = np.asarray(out16.astype(jnp.bfloat16).astype(jnp.float32))
   assert np.mean(np.asarray(out16) == as_bf16) < 0.1  # ... and were never rounded to bf16.
-  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
-  assert np.all(np.isfinite(out16))
+  assert np.all(np.isfinite(out16))  # (Parameters stay float32: test_mixed_precision.)
   # bf16 keeps 8 significant bits. Its computation may deviate from float32 by
   # about as much as rounding the parameters alone to bf16 does (both ~0.02 on
   # these O(1) logits), not by more: a product or softmax left in bf16 end to
