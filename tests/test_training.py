@@ -200,6 +200,20 @@ def test_each_step_draws_new_dropout_masks(data_dir):
     assert (norms[0] == norms[1]) is same, (dropout, norms)
 
 
+def test_each_micro_batch_draws_its_own_dropout_masks(data_dir):
+  """With gradient accumulation, micro-batch i's dropout key is folded with i:
+  two identical micro-batches (rows 2r and 2r+1 alike; row r goes to micro-batch
+  r % k) under dropout give another gradient than one of them alone, as two
+  draws do; without dropout the same (one key for all would give the same too)."""
+  for dropout, same in ((0.3, False), (0.0, True)):
+    state, batch, step = _tiny_step(data_dir, dropout)
+    half = {k: v[:4] for k, v in batch.items()}
+    twice = {k: np.repeat(v[:4], 2, axis=0) for k, v in batch.items()}
+    norms = float(step(1)(state, half)[1]["grad_norm"]), float(step(2)(state, twice)[1][
+        "grad_norm"])
+    assert bool(np.isclose(*norms, rtol=1e-5)) is same, (dropout, norms)
+
+
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, data_dir):
   workdir = str(tmp_path / "nan")
   training.train_and_evaluate(tiny_experiment(data_dir, num_steps=10, eval_every=100), workdir)
@@ -344,6 +358,26 @@ def test_the_wait_for_the_kept_best_is_timed_as_saving(tmp_path, data_dir, monke
                                               decode_examples=10, eval_every=100),
                               str(tmp_path / "w"))
   assert calls == [["save"], ["save"]]
+
+
+def test_the_best_checkpoint_is_the_highest_score_and_a_tie_keeps_the_earlier(
+    tmp_path, data_dir, monkeypatch):
+  """Decoding at steps 2, 4, 6, 8 scores 0.2, 0.5, 0.5, 0.3: the kept best is
+  step 4's (a higher score replaces it, an equal one does not)."""
+  scores = iter([0.2, 0.5, 0.5, 0.3])
+  evaluate_examples = training.inference.evaluate_examples
+
+  def scored(*args, **kwargs):
+    decoded, hypotheses = evaluate_examples(*args, **kwargs)
+    return {**decoded, "exact_match": next(scores)}, hypotheses
+
+  monkeypatch.setattr(training.inference, "evaluate_examples", scored)
+  workdir = str(tmp_path / "w")
+  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=8, decode_every=2,
+                                              decode_examples=10, eval_every=100), workdir)
+  best_dir = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["best"])
+  assert checkpoints.complete_steps(best_dir) == [4]
+  assert checkpoints.metric_value(best_dir, 4, "exact_match") == 0.5
 
 
 def test_nan_before_any_checkpoint_says_there_is_none():
