@@ -118,6 +118,25 @@ def test_attention_plot_is_a_png(tmp_path, head):
   assert os.listdir(tmp_path) == ["attention.png"]  # No temporary file left.
 
 
+@pytest.mark.parametrize("head,panels", [("all", [0, 1, 2, 3]), ("avg", ["mean"]), ("1", [1])])
+def test_attention_plot_draws_each_heads_weights_output_down_source_across(
+    monkeypatch, head, panels):
+  """What the figure holds, not only that a PNG is written: each panel is its
+  head's [output, source] matrix (or their mean), the source tokens across and
+  the output tokens down."""
+  weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(4, 3))
+  drawn = []
+  monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+  plots.plot_attention(weights, list("abcde"), ["x", "y", "</s>"], "unused.png", head=head)
+  axes = [ax for ax in drawn[0].axes if ax.images]
+  assert len(axes) == len(panels)
+  for ax, panel in zip(axes, panels):
+    want = weights.mean(0) if panel == "mean" else weights[panel]
+    np.testing.assert_allclose(np.asarray(ax.images[0].get_array()), want)
+    assert [t.get_text() for t in ax.get_xticklabels()] == list("abcde")
+  assert [t.get_text() for t in axes[0].get_yticklabels()] == ["x", "y", "</s>"]
+
+
 def test_bad_head_and_shape_are_named():
   weights = np.full((2, 1, 2), 0.5)
   with pytest.raises(ValueError, match="head 2 out of range"):

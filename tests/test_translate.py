@@ -8,11 +8,12 @@ import subprocess
 import sys
 
 from hypothesis import HealthCheck, given, settings, strategies as st
+import numpy as np
 import pytest
 
 from tests.workdirs import Stopped, rnn_workdir, stop_at, trained_workdir
 from tests.test_plots import assert_png
-from transformer import decode, inference, translate
+from transformer import decode, inference, plots, translate
 from transformer import workdir as workdir_lib
 from transformer.data import tokenizer as tokenizer_lib
 
@@ -87,6 +88,35 @@ def test_run_samples_into_a_file_and_plots_attention(workdir, tmp_path):
   assert len(outputs) == 5 and outputs[1] == outputs[3] == ""
   assert_png(str(png))
   assert sorted(os.listdir(tmp_path)) == ["att.png", "in.txt", "out.txt"]
+
+
+def test_the_plot_is_of_the_layer_asked_for_the_first_translation(workdir, tmp_path,
+                                                                   monkeypatch):
+  """--layer 0 draws the cross-attention weights of decoder layer 0 (as
+  plots.cross_attention_weights gives them, tested in test_plots) over the first
+  line and its output, titled with that layer."""
+  computed, drawn = [], []
+  weights_of = plots.cross_attention_weights
+
+  def recorded(model, params, source_ids, output_ids, *layer):
+    computed.append((source_ids, output_ids, layer))
+    return weights_of(model, params, source_ids, output_ids, *layer)
+
+  monkeypatch.setattr(plots, "cross_attention_weights", recorded)
+  monkeypatch.setattr(plots, "plot_attention",
+                      lambda weights, source, output, path, head, title: drawn.append(
+                          (np.asarray(weights), source, output, title)))
+  src = tmp_path / "in.txt"
+  src.write_text(LINES[0] + "\n" + LINES[2] + "\n")
+  (first, _) = translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy",
+                             plot_attention=str(tmp_path / "a.png"), layer=0)
+  (source_ids, output_ids, layer), = computed
+  (weights, source, output, title), = drawn
+  assert layer == (0,) and title.endswith("decoder layer 0")
+  assert weights.shape[1:] == (len(output), len(source)) == (len(output_ids), len(source_ids))
+  tokenizer = workdir_lib.restore(workdir).tokenizer
+  assert (tokenizer.decode(list(source_ids)), tokenizer.decode(list(output_ids))) == (
+      LINES[0], first)
 
 
 def test_flags_for_another_mode_or_no_plot_are_warned_of_and_blank_lines_plot_nothing(
