@@ -525,3 +525,14 @@ def test_decode_ab_times_every_run_after_an_untimed_warm_up(decode_workdir, tmp_
   assert [r["compile_seconds"] for r in rows] == [101.0, 102.0]
   table = capsys.readouterr().out
   assert "2 runs timed after a warm-up decode of each variant; outputs identical" in table
+
+
+def test_best_save_times_the_recipes_best_checkpoint_write(capsys):
+  """benchmarks.best_save: the Multi30k state saved as a best checkpoint, each
+  write timed to its end (its figure is in benchmarks/README.md)."""
+  from benchmarks import best_save  # pylint: disable=import-outside-toplevel
+  best_save.main(["--repeats", "2"])
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == "7,568,384 parameters" and lines[2].startswith("save written: median ")
+  with pytest.raises(SystemExit):
+    best_save.main(["--repeats", "1"])
