@@ -236,43 +236,51 @@ def test_bad_input_stops_a_two_process_command_in_one_line_each(tmp_path):
       output[-5000:])
 
 
-# train.py with each process's own extra arguments, from $EXTRA_<process index>.
-PER_PROCESS_TRAIN = (
-    "import os, runpy, shlex, sys; sys.argv = ['train.py'] + sys.argv[1:] + "
+# A command (train.py, or a module) with each process's own extra arguments,
+# from $EXTRA_<process index>.
+PER_PROCESS = (
+    "import os, runpy, shlex, sys; target = sys.argv.pop(1); "
+    "sys.argv = [target] + sys.argv[1:] + "
     "shlex.split(os.environ['EXTRA_' + os.environ['JAX_PROCESS_ID']]); "
-    "runpy.run_path('train.py', run_name='__main__')")
+    "(runpy.run_path if target.endswith('.py') else runpy.run_module)(target, run_name='__main__')")
 
 
-@pytest.mark.parametrize("extra,error", [
-    ({"EXTRA_0": "--config.train.num_steps=6", "EXTRA_1": "--config.train.num_steps=12 "
-      "--config.optim.learning_rate_scale=4.0 --config.data.prefetch=3"},
+@pytest.mark.parametrize("command,extra,error", [
+    ("train", {"EXTRA_0": "--config.train.num_steps=6", "EXTRA_1": "--config.train.num_steps=12 "
+               "--config.optim.learning_rate_scale=4.0 --config.data.prefetch=3"},
      r"the job's processes run different configs \(every process must give train.py the "
      r"same --config and overrides; only data.text_dir, data.tfds_data_dir, data.prefetch "
      r"may differ\): process 1: optim.learning_rate_scale=4.0 \(process 0: 1.0\), "
      r"train.num_steps=12 \(process 0: 6\)$"),
-    ({"EXTRA_0": "--workdir={tmp}/node0", "EXTRA_1": "--workdir={tmp}/node1"},
+    ("train", {"EXTRA_0": "--workdir={tmp}/node0", "EXTRA_1": "--workdir={tmp}/node1"},
      r"--workdir .*node[01] is not one directory shared by the job's processes: process 1 did "
      r"not see the file process 0 wrote there \(.shared_by_the_job\); give every process "
-     r"the same path on a shared filesystem, not node-local storage$")])
-def test_processes_with_other_configs_or_workdirs_stop_before_training(
-    data_dir, tmp_path, extra, error):
+     r"the same path on a shared filesystem, not node-local storage$"),
+    ("evaluate", {"EXTRA_0": "--beam_size=2", "EXTRA_1": "--beam_size=3"},
+     r"the job's processes were started with different arguments \(every process of the job "
+     r"takes the same evaluate arguments\): process 1: arguments='--workdir=.*/w "
+     r"--beam_size=3' \(process 0: '--workdir=.*/w --beam_size=2'\)$")])
+def test_processes_given_other_arguments_or_workdirs_stop_before_any_work(
+    data_dir, tmp_path, command, extra, error):
   """Processes given other overrides trained on each with its own (its learning
   rate's updates, a mixture saved) and exited 0, or hung for good in collectives
   that no longer matched (another num_steps); processes given node-local
-  workdirs trained, then hung at the first checkpoint for Orbax's ten minutes.
-  Each process now stops before training, naming what differs."""
-  command, env = launch_command(
-      [sys.executable, "-c", PER_PROCESS_TRAIN,
-       f"--config=tests/multiprocess_config.py:{data_dir}"]
-      + ([f"--workdir={tmp_path / 'w'}"] if "workdir" not in extra["EXTRA_0"] else []))
+  workdirs trained, then hung at the first checkpoint for Orbax's ten minutes;
+  evaluate's processes given other beam sizes would decode other shapes. Each
+  process now stops before any work, naming what differs."""
+  target, args = {"train": ("train.py", [f"--config=tests/multiprocess_config.py:{data_dir}"]),
+                  "evaluate": ("transformer.evaluate", [])}[command]
+  workdir = [] if "workdir" in extra["EXTRA_0"] else [f"--workdir={tmp_path / 'w'}"]
+  command_line, env = launch_command([sys.executable, "-c", PER_PROCESS, target, *args,
+                                      *workdir])
   env.update({k: v.format(tmp=tmp_path) for k, v in extra.items()})
-  out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+  out = subprocess.run(command_line, cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=JOB_TIMEOUT_S + 60)
   output = out.stdout + out.stderr
   assert out.returncode == 1, output[-5000:]
   for index in (0, 1):
     lines = [l for l in output.splitlines()
-             if l.startswith(f"[p{index}] train: error (process {index} of 2): ")]
+             if l.startswith(f"[p{index}] {command}: error (process {index} of 2): ")]
     assert len(lines) == 1 and re.search(error, lines[0]), output[-5000:]
   assert not glob.glob(str(tmp_path / "*" / "checkpoints" / "*")), output[-5000:]
 

@@ -18,8 +18,10 @@ for the other processes is config.distributed (configs/base.py).
 import contextlib
 import dataclasses
 import errno
+import json
 import os
 import secrets
+import shlex
 import socket
 import sys
 import traceback
@@ -256,6 +258,38 @@ class JobError(runtime.CommandError):
   and raises at the same point: each says so before any exits
   (exit_at_once_on_error), where the first to exit would take the others down
   before they had."""
+
+
+def differences(values: dict) -> list:
+  """Where the job's processes' `values` (a flat dict of JSON values, each
+  process its own) differ from process 0's, one 'process i: field=value
+  (process 0: value)' a process, five fields at most; [] in one process. Every
+  process calls it (two collectives) and gets the same list."""
+  if jax.process_count() == 1:
+    return []
+  text = json.dumps(values, sort_keys=True)
+  size = max(int(n) for n in gather_messages(str(len(text.encode()))))
+  everyone = [json.loads(t) for t in gather_messages(text, limit=size)]
+  found = []
+  for index, theirs in enumerate(everyone[1:], 1):
+    fields = sorted(f for f in set(everyone[0]) | set(theirs)
+                    if everyone[0].get(f) != theirs.get(f))
+    if fields:
+      found.append(f"process {index}: " + ", ".join(
+          f"{f}={theirs.get(f)!r} (process 0: {everyone[0].get(f)!r})" for f in fields[:5])
+          + (f" and {len(fields) - 5} more" if len(fields) > 5 else ""))
+  return found
+
+
+def check_same_arguments(command: str, argv) -> None:
+  """Stops every process of a `command` job whose processes were given other
+  arguments (another --beam_size decodes other shapes, and the collectives
+  that no longer match wait forever)."""
+  found = differences({"arguments": shlex.join(argv)})
+  if found:
+    raise JobError(f"the job's processes were started with different arguments (every "
+                   f"process of the job takes the same {command} arguments): "
+                   + "; ".join(found))
 
 
 SHARED_CHECK = ".shared_by_the_job"  # Written by process 0, read by the others, removed.

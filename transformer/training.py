@@ -306,21 +306,9 @@ def check_same_config_everywhere(config) -> None:
   the fields: each would otherwise train with its own values (one learning
   rate's updates here, another's there, a mixture saved) or wait forever in
   collectives that no longer match (another num_steps)."""
-  if jax.process_count() == 1:
-    return
   values = {field: value for field, value in config_lib.flatten(
       json.loads(config.to_json_best_effort())).items() if field not in PER_PROCESS_FIELDS}
-  text = json.dumps(values, sort_keys=True)
-  size = max(int(n) for n in distributed.gather_messages(str(len(text.encode()))))
-  everyone = [json.loads(t) for t in distributed.gather_messages(text, limit=size)]
-  differences = []
-  for index, theirs in enumerate(everyone[1:], 1):
-    fields = sorted(f for f in set(values) | set(theirs)
-                    if everyone[0].get(f) != theirs.get(f))
-    if fields:
-      differences.append(f"process {index}: " + ", ".join(
-          f"{f}={theirs.get(f)!r} (process 0: {everyone[0].get(f)!r})" for f in fields[:5])
-          + (f" and {len(fields) - 5} more" if len(fields) > 5 else ""))
+  differences = distributed.differences(values)
   if differences:
     raise distributed.JobError(
         "the job's processes run different configs (every process must give train.py the "

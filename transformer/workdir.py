@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import sys
 from typing import Any, Optional
 
 from absl import logging
@@ -160,11 +161,13 @@ def command(name: str, workdir: str):
   """The set-up of a command on a trained workdir (evaluate, translate,
   average_checkpoints): quiet library logs and the compilation cache; bad input
   stopping it in one line; in a multi-process job, joining the job with the
-  workdir's timeouts, a failing process exiting at once."""
+  workdir's timeouts, every process given the same arguments, a failing
+  process exiting at once."""
   runtime.quiet_library_logs()
   runtime.use_compilation_cache()
   with runtime.one_line_errors(name), distributed.exit_at_once_on_error(name):
     distributed.maybe_initialize(distributed_settings(workdir))
+    distributed.check_same_arguments(name, sys.argv[1:])
     yield
 
 
