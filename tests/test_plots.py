@@ -85,20 +85,22 @@ def test_weights_reproduce_the_models_cross_attention(tiny):
 @pytest.mark.parametrize("score", ["additive", "general"])
 def test_sentence_weights_follow_the_attention_score(score):
   # The weights drawn for a model with another score, through V and W^O, give
-  # what its cross-attention module returned.
-  model = Transformer(tiny_config(num_layers=1, attention_score=score))
+  # what its cross-attention module returned, in each layer (each with its own
+  # score parameters).
+  model = Transformer(tiny_config(num_layers=2, attention_score=score))
   inputs, targets = np.asarray([[5, 6, 7, 8]]), np.asarray([[9, 10, 11]])
   params = model.init(jax.random.key(0), inputs, targets)["params"]
-  weights_HxTxS = plots.cross_attention_weights(model, params, inputs[0], targets[0])
-  wanted = ("decoder", "layer_0", "cross_attention")
-  state = jax.jit(lambda p: model.apply(
-      {"params": p}, inputs, targets, mutable=["intermediates"],
-      capture_intermediates=lambda m, _: m.path in (wanted, wanted + ("value",)))[1])(params)
-  found = state["intermediates"]["decoder"]["layer_0"]["cross_attention"]
-  mixed = jnp.einsum("hts,shk->thk", weights_HxTxS, found["value"]["__call__"][0][0])
-  out = params["decoder"]["layer_0"]["cross_attention"]["out"]["kernel"]
-  np.testing.assert_allclose(jnp.einsum("thk,hkd->td", mixed, out),
-                             found["__call__"][0][0], atol=1e-5)
+  for layer in (0, 1):
+    weights_HxTxS = plots.cross_attention_weights(model, params, inputs[0], targets[0], layer)
+    wanted = ("decoder", f"layer_{layer}", "cross_attention")
+    state = jax.jit(lambda p, wanted=wanted: model.apply(
+        {"params": p}, inputs, targets, mutable=["intermediates"],
+        capture_intermediates=lambda m, _: m.path in (wanted, wanted + ("value",)))[1])(params)
+    found = state["intermediates"]["decoder"][f"layer_{layer}"]["cross_attention"]
+    mixed = jnp.einsum("hts,shk->thk", weights_HxTxS, found["value"]["__call__"][0][0])
+    out = params["decoder"][f"layer_{layer}"]["cross_attention"]["out"]["kernel"]
+    np.testing.assert_allclose(jnp.einsum("thk,hkd->td", mixed, out),
+                               found["__call__"][0][0], atol=1e-5)
 
 
 def test_single_sentence_weights_and_bad_layer(tiny):
