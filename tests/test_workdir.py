@@ -105,7 +105,8 @@ def test_an_evaluation_of_a_checkpoint_trained_again_is_not_collected(workdir, t
   saved["state"][first] += 1
   open(metadata, "w").write(json.dumps(saved))
   assert collected() is None
-  assert f"Skipping {path}: it scored another checkpoint 20 than {copy} holds now" in caplog.text
+  assert (f"Skipping {path}: it scored a checkpoint 20 other than the one {copy} holds now"
+          in caplog.text)
   del result[workdir_lib.CHECKSUMS_KEY]
   open(path, "w").write(json.dumps(result))
   assert collected() == result

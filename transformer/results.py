@@ -189,9 +189,9 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
     scored, step = result.get(workdir_lib.CHECKSUMS_KEY), result.get("step")
     if scored and isinstance(step, int) and workdir_lib.checkpoint_checksums(
         variant_dir, checkpoint, step) not in (None, scored):
-      logging.warning("Skipping %s: it scored another checkpoint %d than %s holds now "
-                      "(trained again since); rerun evaluate to fill its figure.", path, step,
-                      variant_dir)
+      logging.warning("Skipping %s: it scored a checkpoint %d other than the one %s holds "
+                      "now (trained again since); rerun evaluate to fill its figure.", path,
+                      step, variant_dir)
       continue
     found.append((os.path.getmtime(path), path, result))
   return max(found)[2] if found else None
