@@ -78,19 +78,24 @@ def _read_owner(path):
   return owner if isinstance(owner, dict) else None
 
 
-def held(workdir: str) -> bool:
-  """Whether a live process holds `workdir`'s lock, as this host can tell from
-  the owner record alone (a reader takes no flock: a writer taking the lock
-  meanwhile would find it busy). A lock of another host, or one whose record is
-  not yet written, counts as held; a dead owner's left-behind file does not."""
-  path = os.path.join(workdir, LOCK_NAME)
-  if not os.path.exists(path):
-    return False  # Released: a writer removes it on exit.
-  owner = _read_owner(path)
-  if (owner is None or owner.get("host") != socket.gethostname()
+def _owner_alive(owner) -> bool:
+  """Whether a lock's owner record may be a live process, as this host can tell
+  by pid: one of another host, or a record not yet written (or without a pid),
+  counts as alive."""
+  if (not owner or owner.get("host") != socket.gethostname()
       or not isinstance(owner.get("pid"), int)):
     return True
   return _pid_alive(owner["pid"], owner.get("start"))
+
+
+def held(workdir: str) -> bool:
+  """Whether a live process holds `workdir`'s lock, as this host can tell from
+  the owner record alone (a reader takes no flock: a writer taking the lock
+  meanwhile would find it busy); a dead owner's left-behind file does not."""
+  path = os.path.join(workdir, LOCK_NAME)
+  if not os.path.exists(path):
+    return False  # Released: a writer removes it on exit.
+  return _owner_alive(_read_owner(path))
 
 
 class WorkdirLock:
@@ -167,8 +172,7 @@ class WorkdirLock:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
       except FileExistsError:
         owner = _read_owner(self.path)
-        if (not owner or owner.get("host") != socket.gethostname()
-            or _pid_alive(owner.get("pid", -1), owner.get("start"))):
+        if _owner_alive(owner):
           raise self._busy(owner) from None
         self._take_over(owner)
         continue

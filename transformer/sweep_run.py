@@ -154,8 +154,6 @@ def _results_held(previous: dict, variant_dir: str) -> Optional[str]:
   return None
 
 
-
-
 def run_local(sweep, workdir: str, train: Optional[Callable[[list, str], None]] = None,
               signals: Optional[ForwardedSignals] = None) -> dict:
   """Trains the valid variants one after another; returns {name: status}
