@@ -183,6 +183,26 @@ def test_dense_module_is_dense_general(features, axes, x_shape):
   assert "bias" not in Dense(features, axes=axes, use_bias=False).init(jax.random.key(2), x)["params"]
 
 
+def test_bfloat16_bias_is_added_to_the_float32_product_before_rounding():
+  """One rounding to bfloat16, of product + bias in float32: a bias rounded to
+  bfloat16 first would round twice. Here the product is -0.3 and the bias
+  1.6 bfloat16 spacings (2^-7) above 1: their float32 sum rounds to 1.0, while
+  the bias rounded first (1 + 2^-7) gives 1.3 spacings, which rounds up."""
+  ulp = 2.0 ** -7
+  x = jnp.ones((1, 1), jnp.bfloat16)
+  w = jnp.asarray([[-0.3 * ulp]], jnp.bfloat16)
+  b = jnp.asarray([1 + 0.6 * ulp], jnp.float32)
+  product = np.float32(w[0, 0])
+  once = jnp.asarray(product + b[0], jnp.float32).astype(jnp.bfloat16)
+  twice = jnp.asarray(product + np.float32(b.astype(jnp.bfloat16)[0]),
+                      jnp.float32).astype(jnp.bfloat16)
+  assert once == 1.0 and twice != once  # The values tell the two roundings apart.
+  assert dense(x, w, b, 1)[0, 0] == once
+  layer = Dense(1, dtype=jnp.bfloat16)
+  params = {"params": {"kernel": w.astype(jnp.float32), "bias": b}}
+  assert layer.apply(params, x)[0, 0] == once
+
+
 def test_auto_dtype_is_bfloat16_on_accelerators_and_float32_on_cpus():
   from transformer.config import ModelConfig, resolve_dtype
   assert [resolve_dtype("auto", b) for b in ("gpu", "tpu", "cpu")] == [

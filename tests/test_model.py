@@ -366,6 +366,24 @@ def test_layers_are_their_sublayers_in_residual_blocks(norm_position):
                                atol=1e-4)
 
 
+def test_bfloat16_layer_norms_reduce_in_float32():
+  """Under bfloat16 compute LayerNorm's mean and variance are float32 reductions
+  (flax's default, kept). Pre-LN's norms read the unnormalised residual stream:
+  with its offset here, 48 (bfloat16's spacing there: 0.25, and 16 at E[x^2] ~
+  2300), a bfloat16 E[x^2] - E[x]^2 keeps nothing of a unit variance, and the
+  layer's output is off by thousands. In float32 the bfloat16 layer equals its
+  float32 composition up to bfloat16's rounding of that stream."""
+  cfg = tiny_config(norm_position="pre", dtype="bfloat16")
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(48 + rng.normal(size=(2, 5, cfg.d_model)), jnp.bfloat16)
+  mask = attention_lib.padding_mask(jnp.asarray([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]]))
+  layer = EncoderLayer(cfg)
+  params = _perturbed(layer.init(jax.random.key(0), x, mask, deterministic=True)["params"])
+  got = layer.apply({"params": params}, x, mask, deterministic=True)
+  want = _encoder_layer(tiny_config(norm_position="pre"), params, np.asarray(x, np.float64), mask)
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=1.0)
+
+
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
 def test_stacks_are_their_layers_then_a_final_norm_when_pre_ln(norm_position):
   """Each stack is embeddings * sqrt(d_model) + positions, then its N layers; pre-LN
