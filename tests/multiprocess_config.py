@@ -2,7 +2,7 @@
 tests/test_multiprocess.py: --config tests/multiprocess_config.py:DATA_DIR."""
 
 from tests.helpers import tiny_experiment
-from tests.test_training import ADAM_EPS_NOTE
+from tests.helpers import ADAM_EPS_NOTE
 
 
 def get_config(data_dir):
@@ -12,6 +12,6 @@ def get_config(data_dir):
   config.data.eval_split = "test[:4]"  # The last step's evaluation compiles few shapes.
   config.model.d_model = 128  # Leaves of 2**14 and more, which FSDP splits.
   config.model.d_ff = 256
-  config.optim.adam_eps = ADAM_EPS_NOTE  # See tests/test_training.py.
+  config.optim.adam_eps = ADAM_EPS_NOTE  # See tests/helpers.py.
   config.distributed.heartbeat_timeout_s = 10  # A dead process ends the job in seconds.
   return config

@@ -42,7 +42,7 @@ def config_for(fsdp, mesh="data=-1,model=1"):
   config.model.d_model = 128  # Big enough that FSDP really splits leaves.
   config.model.d_ff = 256
   config.model.num_heads = 4  # The model axis splits whole heads.
-  config.optim.adam_eps = 1e-3  # See test_training.ADAM_EPS_NOTE.
+  config.optim.adam_eps = 1e-3  # See tests/helpers.ADAM_EPS_NOTE.
   return config
 
 

@@ -3,6 +3,7 @@ tests/sharded_step_check.py, run by test_training.py)."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -118,3 +119,17 @@ def test_optimizer_moments_are_named_and_split_as_their_parameters():
   assert names == ["decoder/feed_forward/inner/kernel", ""] + [
       "decoder/feed_forward/inner/kernel"] * 2  # "": Adam's step count.
   assert [sharding.tensor_parallel_axis(n) for n in names] == [1, None, 1, 1]
+
+
+def test_host_rows_give_each_row_to_one_host(monkeypatch):
+  batch = {"inputs": np.arange(12).reshape(6, 2), "targets": np.arange(6)}
+  monkeypatch.setattr(jax, "process_count", lambda: 3)
+  seen = []
+  for host in range(3):
+    monkeypatch.setattr(jax, "process_index", lambda host=host: host)
+    share = sharding.host_rows(batch)
+    np.testing.assert_array_equal(share["inputs"][:, 0] // 2, share["targets"])
+    seen += share["targets"].tolist()
+  assert seen == list(range(6))
+  with pytest.raises(ValueError, match="7 rows does not split over 3 hosts"):
+    sharding.host_rows({"inputs": np.zeros((7, 2))})

@@ -1,5 +1,5 @@
 """Training end to end on tiny SCAN runs: loss falls, checkpoints resume exactly,
-gradient accumulation equals one big batch, sharded equals single-device."""
+sharded equals single-device (train_step on its own: test_train_step.py)."""
 
 import contextlib
 import glob
@@ -17,16 +17,9 @@ import numpy as np
 import pytest
 
 from tests import process_helpers
-from tests.helpers import tiny_experiment
+from tests.helpers import ADAM_EPS_NOTE, tiny_experiment
 from transformer import checkpoints, sharding, state as state_lib, training
 from transformer import workdir as workdir_lib
-
-# Adam's first update is g / (|g| + eps). With the paper's eps = 1e-9 it turns
-# round-off in gradients that are mathematically zero (the key projection's bias:
-# softmax ignores a shift shared by all of a query's scores) into full +-lr steps
-# whose sign depends on summation order. Equivalence tests use eps = 1e-3, which
-# leaves every real gradient (>> 1e-3 here) normalised as before.
-ADAM_EPS_NOTE = 1e-3
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -146,72 +139,6 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
   assert data_a == data_b
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def _tiny_step(data_dir, dropout=0.0):
-  """A tiny model's state, an 8-row batch whose rows hold different numbers of
-  real tokens, and train_step jitted for k micro-batches: step(k)."""
-  config = tiny_experiment(data_dir)
-  config.model.dropout = dropout
-  config.optim.adam_eps = ADAM_EPS_NOTE
-  mesh = sharding.make_mesh(jax.devices()[:1])
-  model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
-  state = state_lib.init_state(model, tx, config, shardings)
-  rng = np.random.default_rng(0)
-  targets = rng.integers(4, 23, size=(8, 12)).astype(np.int32)
-  targets[::3, 7:] = 0
-  batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32), "targets": targets}
-  step = lambda k=1: jax.jit(lambda s, b: training.train_step(
-      s, b, model=model, tx=tx, label_smoothing=0.1, grad_accum_steps=k))
-  return state, batch, step
-
-
-def test_gradient_accumulation_equals_one_big_batch(data_dir):
-  state, batch, step = _tiny_step(data_dir)  # No dropout: micro-batches draw other masks.
-  (s1, m1), (s4, m4) = step(1)(state, batch), step(4)(state, batch)
-  np.testing.assert_allclose(m1["loss"], m4["loss"], rtol=1e-5)
-  np.testing.assert_allclose(m1["grad_norm"], m4["grad_norm"], rtol=1e-5)
-  for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s4.params)):
-    np.testing.assert_allclose(x, y, atol=1e-6)
-
-
-def test_padding_changes_no_update(data_dir):
-  """Gradients are of the mean loss per real target token: the same batch with
-  more PAD columns gives the same gradient norm and update (divided by the
-  padded size, the gradients would shrink with the padding, and so would
-  clipping's and the batches' weights)."""
-  state, batch, step = _tiny_step(data_dir)
-  padded = {k: np.pad(v, ((0, 0), (0, 6))) for k, v in batch.items()}
-  (s1, m1), (s2, m2) = step()(state, batch), step()(state, padded)
-  for name in ("loss", "grad_norm", "update_norm", "tokens"):
-    np.testing.assert_allclose(m1[name], m2[name], rtol=1e-5, err_msg=name)
-  for x, y in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
-    np.testing.assert_allclose(x, y, atol=1e-6)
-
-
-def test_each_step_draws_new_dropout_masks(data_dir):
-  """The dropout key is folded with the step: the same batch and parameters at
-  steps 0 and 1 give other gradients under dropout, the same without it (one
-  key for every step would drop the same units of each batch shape forever)."""
-  for dropout, same in ((0.3, False), (0.0, True)):
-    state, batch, step = _tiny_step(data_dir, dropout)
-    norms = [float(step()(state.replace(step=jnp.asarray(n, state.step.dtype)), batch)[1][
-        "grad_norm"]) for n in (0, 1)]
-    assert (norms[0] == norms[1]) is same, (dropout, norms)
-
-
-def test_each_micro_batch_draws_its_own_dropout_masks(data_dir):
-  """With gradient accumulation, micro-batch i's dropout key is folded with i:
-  two identical micro-batches (rows 2r and 2r+1 alike; row r goes to micro-batch
-  r % k) under dropout give another gradient than one of them alone, as two
-  draws do; without dropout the same (one key for all would give the same too)."""
-  for dropout, same in ((0.3, False), (0.0, True)):
-    state, batch, step = _tiny_step(data_dir, dropout)
-    half = {k: v[:4] for k, v in batch.items()}
-    twice = {k: np.repeat(v[:4], 2, axis=0) for k, v in batch.items()}
-    norms = float(step(1)(state, half)[1]["grad_norm"]), float(step(2)(state, twice)[1][
-        "grad_norm"])
-    assert bool(np.isclose(*norms, rtol=1e-5)) is same, (dropout, norms)
 
 
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, data_dir):
@@ -448,20 +375,6 @@ def test_evaluation_rows_are_split_over_hosts(data_dir, monkeypatch):
   np.testing.assert_allclose(nll, whole["nll"], rtol=1e-5)
 
 
-def test_host_rows_give_each_row_to_one_host(monkeypatch):
-  batch = {"inputs": np.arange(12).reshape(6, 2), "targets": np.arange(6)}
-  monkeypatch.setattr(jax, "process_count", lambda: 3)
-  seen = []
-  for host in range(3):
-    monkeypatch.setattr(jax, "process_index", lambda host=host: host)
-    share = sharding.host_rows(batch)
-    np.testing.assert_array_equal(share["inputs"][:, 0] // 2, share["targets"])
-    seen += share["targets"].tolist()
-  assert seen == list(range(6))
-  with pytest.raises(ValueError, match="7 rows does not split over 3 hosts"):
-    sharding.host_rows({"inputs": np.zeros((7, 2))})
-
-
 def test_sharded_step_equals_single_device():
   # Eight CPU devices, also on a machine with a GPU (which would be the one device).
   env = process_helpers.command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8",
@@ -575,27 +488,3 @@ def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data
   open(largest, "wb").write(data)
   shutil.rmtree(os.path.join(ckpt, "20", "checksums"))
   assert restore_params(workdir, config, step=20)[2] == 20
-
-
-def test_train_step_makes_no_host_transfers(data_dir):
-  """The compiled step reads only arrays already on the devices and returns device
-  arrays: under jax.transfer_guard('disallow') any implicit host<->device copy (a
-  numpy batch, a Python value pulled out of a traced array) raises. The control: the
-  same step fed an unplaced numpy batch does raise."""
-  config = tiny_experiment(data_dir)
-  mesh = sharding.make_mesh()
-  model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
-  state = state_lib.init_state(model, tx, config, shardings)
-  train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
-  rng = np.random.default_rng(0)
-  batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32),
-           "targets": rng.integers(4, 23, size=(8, 12)).astype(np.int32)}
-  placed = sharding.place_batch(batch, mesh)  # The loop's one explicit transfer.
-  state, _ = train_fn(state, placed)  # Compiled outside the guard.
-  with jax.transfer_guard("disallow"):
-    for _ in range(2):
-      state, metrics = train_fn(state, placed)
-    jax.block_until_ready((state, metrics))
-    with pytest.raises(Exception, match="[Dd]isallowed"):
-      train_fn(state, batch)
-  assert int(jax.device_get(state.step)) == 3
