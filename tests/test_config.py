@@ -224,6 +224,23 @@ def test_seed_fits_jax_random_key():
     check_config(config)
 
 
+@pytest.mark.parametrize("field, near", [("data.max_lenght", "data.max_length"),
+                                         ("train.num_step", "train.num_steps"),
+                                         ("decode.beam", "decode.beam_size"),
+                                         ("sed", "seed"), ("optim.zzz", None)])
+def test_a_field_set_in_a_config_file_that_no_code_reads_is_an_error(field, near):
+  """A config file that sets a misspelt field (ConfigDicts take new keys) would
+  train with the default it meant to change: the field is named, with the field
+  it is closest to."""
+  config = default.get_config()
+  section, _, name = field.rpartition(".")
+  (config[section] if section else config)[name] = 16
+  hint = f"; did you mean config.{near}?" if near else ""
+  with pytest.raises(ValueError, match=re.escape(f"config.{field}: unknown field") + ".*"
+                     + re.escape(hint) + "$"):
+    check_config(config)
+
+
 def test_unknown_model_field_is_an_error():
   with pytest.raises(ValueError, match="unknown fields"):
     ModelConfig.from_config({"d_model": 8, "num_hedas": 2})

@@ -63,6 +63,18 @@ def test_missing_config_file_or_data_is_one_line(tmp_path):
                   "no text file for split 'train'", str(tmp_path / "no_texts"))
 
 
+def test_a_misspelt_field_in_a_config_file_is_one_line(tmp_path):
+  config_file = tmp_path / "typo.py"
+  config_file.write_text("from configs import default\n\n\ndef get_config():\n"
+                         "  config = default.get_config()\n"
+                         "  config.data.max_lenght = 16\n  return config\n")
+  assert_one_line(*train("--config", str(config_file), "--workdir", str(tmp_path / "w"),
+                         env={"TRANSFORMER_DEFAULT_MALLOC": "1"}),
+                  "config.data.max_lenght: unknown field",
+                  "did you mean config.data.max_length?")
+  assert not os.path.exists(tmp_path / "w")
+
+
 def test_unusable_workdir_is_one_line(tmp_path):
   taken = tmp_path / "a_file"
   taken.write_text("not a directory\n")

@@ -7,6 +7,7 @@ Every value is checked at start-up, and a bad one names its config field.
 
 import contextlib
 import dataclasses
+import difflib
 import json
 import math
 import numbers
@@ -253,9 +254,26 @@ def check_sections(config, where: str) -> None:
                      f"holds {', '.join(SECTIONS)}, as configs/base.py's get_config builds them")
 
 
+def check_known_fields(config) -> None:
+  """A ValueError naming a field outside config.model that configs/base.py's
+  get_config does not have: a misspelt field set in a config file would be kept
+  and never read. (config.model's fields are ModelConfig's: model_config.)"""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  known = base.get_config()
+  for path, section, names in [("config", known, [k for k in config.keys() if k != "model"])] + [
+      (f"config.{s}", known[s], config[s].keys()) for s in config.keys()
+      if s != "model" and s in known and hasattr(known[s], "keys")]:
+    for name in names:
+      if name not in section:
+        near = difflib.get_close_matches(name, section.keys(), n=1)
+        raise ValueError(f"{path}.{name}: unknown field (configs/base.py's config has no such field)"
+                         + (f"; did you mean {path}.{near[0]}?" if near else ""))
+
+
 def check_config(config) -> None:
   """Checks the fields outside `config.model`; raises ValueError naming the field."""
   check_sections(config, "the config")
+  check_known_fields(config)
 
   def value(field):
     node = config
