@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from configs import base, big, default
+from configs import base, big, default, multi30k
 from transformer.config import ModelConfig, check_config, model_config, overridden_fields
 from transformer.state import parameter_shapes
 from transformer.summary import format_table, parameter_rows
@@ -239,6 +239,18 @@ def test_a_field_set_in_a_config_file_that_no_code_reads_is_an_error(field, near
   with pytest.raises(ValueError, match=re.escape(f"config.{field}: unknown field") + ".*"
                      + re.escape(hint) + "$"):
     check_config(config)
+
+
+def test_a_language_pair_of_one_language_is_refused_except_for_scan():
+  """Each sentence paired with itself trains a copying model without a word."""
+  config = multi30k.get_config()
+  config.data.target_lang = config.data.source_lang
+  with pytest.raises(ValueError, match=re.escape("config.data.target_lang='en': is "
+                                                 "data.source_lang too")):
+    check_config(config)
+  config = default.get_config()  # SCAN, whose languages are not read.
+  config.data.target_lang = config.data.source_lang
+  check_config(config)
 
 
 def test_unknown_model_field_is_an_error():

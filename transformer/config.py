@@ -297,6 +297,10 @@ def check_config(config) -> None:
         "keeps 32 bits)")
 
   check(config.data.batching in BATCHING, "data.batching", f"must be one of {BATCHING}")
+  # SCAN's pairs are commands and actions, whatever the languages say.
+  check(config.data.dataset.startswith("scan/")
+        or config.data.target_lang != config.data.source_lang, "data.target_lang",
+        "is data.source_lang too: the pairs would be each sentence with itself")
   check(config.data.overlong in OVERLONG, "data.overlong", f"must be one of {OVERLONG}")
   check(config.data.vocab_type in VOCAB_TYPES, "data.vocab_type",
         f"must be one of {VOCAB_TYPES}")
