@@ -253,6 +253,18 @@ def test_a_language_pair_of_one_language_is_refused_except_for_scan():
   check_config(config)
 
 
+def test_a_packed_batch_under_one_row_per_micro_batch_is_refused_before_the_data():
+  config = default.get_config()  # Packed rows of 64 tokens.
+  config.train.grad_accum_steps = 2
+  config.data.tokens_per_batch = 128
+  check_config(config)
+  config.data.pack_source_length = 80  # The longer row is the source's.
+  with pytest.raises(ValueError, match=re.escape(
+      "config.data.tokens_per_batch=128: is under one packed row of 80 tokens") + ".*"
+      "must be >= 160"):
+    check_config(config)
+
+
 def test_unknown_model_field_is_an_error():
   with pytest.raises(ValueError, match="unknown fields"):
     ModelConfig.from_config({"d_model": 8, "num_hedas": 2})

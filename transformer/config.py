@@ -317,6 +317,13 @@ def check_config(config) -> None:
   check(config.data.pack_source_length >= 0, "data.pack_source_length",
         "must be >= 0 (0 = pack_length)")
   check(config.data.max_length >= 2, "data.max_length", "must be >= 2 (one token plus EOS)")
+  if config.data.batching == "pack":  # Known before the data is read (buckets are not).
+    row = max(config.data.pack_length, config.data.pack_source_length)
+    least = row * config.train.grad_accum_steps
+    check(config.data.tokens_per_batch >= least, "data.tokens_per_batch",
+          f"is under one packed row of {row} tokens (data.pack_length, "
+          f"data.pack_source_length) for each of the train.grad_accum_steps="
+          f"{config.train.grad_accum_steps} micro-batches: must be >= {least}")
   # Batches are as wide as the longest bucket: max_length rounded up to 8.
   check(-(-config.data.max_length // 8) * 8 <= config.model.max_len, "data.max_length",
         f"rounded up to a multiple of 8 (the widest batch) must be <= "
