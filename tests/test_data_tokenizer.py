@@ -207,3 +207,22 @@ def test_a_word_vocabulary_holding_every_word_is_not_warned_of(caplog):
   with caplog.at_level('WARNING'):
     assert tok_lib.train(['walk left twice'], 'word', 32).vocab_size == 7
   assert not caplog.text
+
+
+def test_lines_longer_than_sentencepieces_default_limit_are_trained_on():
+  """SentencePiece skips lines over 4192 bytes (its default max_sentence_length)
+  without a word: a word found only in them got no piece and read byte by byte;
+  and a text of such lines alone stopped with `RuntimeError ... [!sentences_.empty()]`."""
+  tok = tok_lib.train(TEXTS + ['zebra ' * 1000] * 5, 'bpe', 300)  # 6000-byte lines.
+  assert len(tok.encode('zebra')) == 1
+  assert tok.decode(tok.encode('zebra dog')) == 'zebra dog'
+  all_long = tok_lib.train([f'word{i} ' * 1000 for i in range(10)], 'word', 40)
+  assert all_long.vocab_size == 4 + 10
+  assert tok_lib.UNK_ID not in all_long.encode('word0 word9')
+
+
+def test_a_text_of_spaces_alone_says_it_holds_no_text():
+  """SentencePiece stopped with `RuntimeError ... [(all_chars_count) > (0)]`."""
+  with pytest.raises(ValueError, match=r'^no text to train the vocabulary on: SentencePiece '
+                     r'reads no characters from its 2 lines'):
+    tok_lib.train(['   ', '\u2581'], 'bpe', 300)

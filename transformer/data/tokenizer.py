@@ -96,6 +96,9 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
   spm.set_random_generator_seed(seed)
   proto = io.BytesIO()
   byte_fallback = vocab_type != 'word'
+  # SentencePiece skips lines over max_sentence_length bytes (4192 by default)
+  # without a word: the longest line sets it, so every line counts.
+  longest = max(len(t.encode('utf-8')) for t in texts)
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=proto,
@@ -105,8 +108,14 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
         normalization_rule_name='identity', byte_fallback=byte_fallback,
         input_sentence_size=0, shuffle_input_sentence=False,  # Sampled above already.
         num_threads=TRAIN_THREADS,
+        max_sentence_length=max(longest, 10),  # 10: the least SentencePiece takes.
         minloglevel=2)
   except RuntimeError as e:
+    if 'sentences_.empty()' in str(e) or 'all_chars_count' in str(e):
+      # SentencePiece says so as a failed assertion naming its own source line.
+      raise ValueError(f'no text to train the vocabulary on: SentencePiece reads no '
+                       f'characters from its {len(texts)} lines (spaces and U+2581 are '
+                       'word boundaries to it)') from e
     if 'Vocabulary size is smaller than required_chars' not in str(e):
       raise
     needed = re.search(r'\d+ vs (\d+)', str(e))
