@@ -148,3 +148,44 @@ def test_a_tfds_dataset_not_found_says_why_and_names_the_fields(prepared, tmp_pa
                      rf'config\.data\.tfds_data_dir={re.escape(prepared)} holds no '
                      'no_such_corpus; use scan/simple'):
     sources.load_pairs(_run_config(prepared, dataset='no_such_corpus/x'), 'train')
+
+
+def _prepare(data_dir, name, de):
+  """Prepares TFDS dataset `name`/de-en of one split, 'train', with German side `de`
+  (bytes); returns the English sides in the order the split reads."""
+  en = [f'sentence {i}' for i in range(len(de))]
+  tfds.dataset_builders.TfDataBuilder(
+      name=name, config='de-en', version='1.0.0', data_dir=str(data_dir),
+      split_datasets={'train': tf.data.Dataset.from_tensor_slices({'de': de, 'en': en})},
+      features=tfds.features.FeaturesDict({'de': tfds.features.Text(),
+                                           'en': tfds.features.Text()})).download_and_prepare()
+  builder = tfds.builder(f'{name}/de-en', data_dir=str(data_dir))
+  return [x['en'].decode() for x in tfds.as_numpy(builder.as_dataset('train',
+                                                                     shuffle_files=False))]
+
+
+def test_a_damaged_tfds_split_names_the_split_directory_and_example(tmp_path):
+  """A truncated tfrecord file gave TensorFlow's traceback ('DataLossError:
+  {{function_node __wrapped__IteratorGetNext...}} truncated record at ...'), and
+  Latin-1 text "'utf-8' codec can't decode byte 0xe9", naming no dataset or example."""
+  de = [b'Satz %d' % i for i in range(40)]
+  de[21] = b'caf\xe9 21'  # Latin-1.
+  order = _prepare(tmp_path, 'mylatin', de)
+  folder = tmp_path / 'mylatin' / 'de-en' / '1.0.0'
+  config = _config(str(tmp_path))
+  config.dataset = 'mylatin/de-en'
+  with pytest.raises(ValueError, match=re.escape(
+      f"split 'train' of mylatin ({folder}): example {order.index('sentence 21')}: feature "
+      "'de' is not valid UTF-8 (invalid continuation byte at byte 3)")):
+    sources.load_pairs(config, 'train')
+  _prepare(tmp_path, 'mytruncated', [b'Satz %d' % i for i in range(200)])
+  folder = tmp_path / 'mytruncated' / 'de-en' / '1.0.0'
+  (record,) = folder.glob('mytruncated-train.tfrecord*')
+  record.write_bytes(record.read_bytes()[:record.stat().st_size // 2])
+  config.dataset = 'mytruncated/de-en'
+  with pytest.raises(ValueError) as e:
+    sources.load_pairs(config, 'train')
+  assert re.fullmatch(
+      rf"split 'train' of mytruncated \({re.escape(str(folder))}\): cannot read after "
+      r'\d+ examples \(damaged or truncated files\? prepare it again\): truncated record at '
+      r'\d+.*', str(e.value)), str(e.value)

@@ -68,13 +68,37 @@ def _tfds_split_size(builder, split, field):
 
 
 def _iter_tfds(builder, split, keys, chunk, field=None):
-  """Lists of up to `chunk` rows of `split`, each a tuple of str, one per key in `keys`."""
+  """Lists of up to `chunk` rows of `split`, each a tuple of str, one per key in `keys`.
+  Damaged files and text that is not UTF-8 are a ValueError naming the split, the
+  dataset's directory and the example: TensorFlow's own error names none of them.
+  Example N counts from 0 in the order read, as the slice f'{split}[N:N+1]' does."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   _tfds_split_size(builder, split, field)
+  where = f'split {split!r} of {builder.name} ({builder.data_dir})'
   ds = builder.as_dataset(split=split, shuffle_files=False).batch(chunk)
-  for batch in tfds.as_numpy(ds):
-    columns = [[b.decode('utf-8') for b in np.asarray(batch[k]).tolist()] for k in keys]
-    yield list(zip(*columns))
+  done = 0  # Examples read so far.
+  try:
+    for batch in tfds.as_numpy(ds):
+      columns = [_decode_column(np.asarray(batch[k]).tolist(), k, done, where) for k in keys]
+      yield list(zip(*columns))
+      done += len(columns[0])
+  except tf.errors.OpError as e:  # DataLossError for a truncated file, among others.
+    reason = re.sub(r'^\{\{.*?\}\}\s*|\s*\[Op:.*', '', e.message.strip())
+    raise ValueError(f'{where}: cannot read after {done} examples (damaged or truncated '
+                     f'files? prepare it again): {runtime.first_line(reason)}') from e
+
+
+def _decode_column(values, key, first, where):
+  """UTF-8 text of `values`, the `key` feature of examples `first`, `first` + 1, ..."""
+  texts = []
+  for i, b in enumerate(values):
+    try:
+      texts.append(b.decode('utf-8'))
+    except UnicodeDecodeError as e:
+      raise ValueError(f'{where}: example {first + i}: feature {key!r} is not valid UTF-8 '
+                       f'({e.reason} at byte {e.start})') from e
+  return texts
 
 
 def _scan_config(dataset):
