@@ -242,3 +242,29 @@ def test_a_sliced_text_split_says_slices_are_tfds_only(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"no text file for split 'val'.* "
                      r"\(config\.data\.text_dir: .*nowhere does not exist\)$"):
     sources.load_pairs(_text_config(tmp_path / 'nowhere'), 'val')
+
+
+def test_a_vocabulary_of_other_text_is_warned_of(tmp_path, caplog):
+  """A word vocabulary of other text as data.vocab_path (SCAN's for Multi30k)
+  read 82% of the source tokens and all of the target as UNK, and nothing said
+  so. The run's own vocabulary of the same text is not warned of."""
+  from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
+  from transformer.data import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  _write(tmp_path / 'train.en', 'a dog runs\ntwo cats sleep\n' + 'a dog\n' * 48)
+  _write(tmp_path / 'train.de', 'ein Hund rennt\nzwei Katzen schlafen\n' + 'ein Hund\n' * 48)
+  _write(tmp_path / 'val.en', 'a dog\n')
+  _write(tmp_path / 'val.de', 'ein Hund\n')
+  other = tmp_path / 'other.model'
+  tok_lib.train(['a dog runs', 'walk left twice'], 'word', 32).save(str(other))
+  with caplog.at_level(logging.WARNING):
+    data_lib.get_train_and_eval(_text_config(tmp_path, vocab_path=str(other)),
+                                workdir=str(tmp_path / 'w'), seed=0)
+  # 'two cats sleep' is one UNK of 1 + 3 + 48 * 2 source tokens; each German line one UNK.
+  assert (f"1.0% of the source tokens of training split 'train' (en) are UNK to the vocabulary "
+          f'{other} (config.data.vocab_path): is it of other text?') in caplog.text
+  assert (f"100.0% of the target tokens of training split 'train' (de) are UNK to the "
+          f'vocabulary {other} (config.data.vocab_path)') in caplog.text
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(tmp_path / 'w'), seed=0)
+  assert 'UNK' not in caplog.text

@@ -21,6 +21,7 @@ import collections
 import typing
 
 from absl import logging
+import numpy as np
 
 from transformer.data import pipeline
 from transformer.data import sources
@@ -89,6 +90,25 @@ def _warn_of_drops(stats, data_config) -> None:
                       why, fix)
 
 
+UNK_WARNING = 0.01  # The share of a side's training tokens read as UNK that is warned of.
+
+
+def _warn_of_unknowns(examples, data_config, workdir) -> None:
+  """A warning where a side of the training examples is more than a little UNK:
+  a data.vocab_path vocabulary of other text (a word vocabulary has no byte
+  pieces to spell what it lacks) turns most of it into UNK without a word."""
+  path = tokenizer_lib.vocabulary_path(data_config, workdir)
+  external = data_config.get('vocab_path')
+  hint = ' (config.data.vocab_path): is it of other text?' if external else ''
+  for side, name in enumerate(('source', 'target')):
+    ids = np.concatenate([example[side] for example in examples])
+    share = np.count_nonzero(ids == UNK_ID) / (ids.size - len(examples))  # Less the EOS.
+    if share >= UNK_WARNING:
+      logging.warning('%.1f%% of the %s tokens of training split %r (%s) are UNK to the '
+                      'vocabulary %s%s', 100 * share, name, data_config.train_split,
+                      data_config.get(f'{name}_lang'), path, hint)
+
+
 def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
                        shard_index=0, shard_count=1):
   """Loads train and eval splits, gets the tokenizer (load_or_train), builds the train iterator.
@@ -115,6 +135,7 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
         f'than data.max_length={data_config.max_length} tokens (data.overlong='
         f'{data_config.overlong!r}) and {train_stats["dropped_empty"]} have an empty side')
   _warn_of_drops(train_stats, data_config)
+  _warn_of_unknowns(train_examples, data_config, workdir)
   eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split,
                                                    field='config.data.eval_split')
   if eval_stats['truncated_targets']:  # As evaluate warns: eval/loss is not of whole references.
