@@ -268,3 +268,17 @@ def test_a_vocabulary_of_other_text_is_warned_of(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
     data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(tmp_path / 'w'), seed=0)
   assert 'UNK' not in caplog.text
+
+
+def test_a_bad_eval_line_stops_before_the_vocabulary(tmp_path):
+  """A blank line in val.en stopped the run only after spm.model was trained and
+  saved: the eval split was found, not read, before the vocabulary."""
+  from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
+  _write(tmp_path / 'train.en', 'a dog\ntwo cats\n')
+  _write(tmp_path / 'train.de', 'ein Hund\nzwei Katzen\n')
+  _write(tmp_path / 'val.en', 'a dog\n\n')
+  _write(tmp_path / 'val.de', 'ein Hund\nzwei Katzen\n')
+  workdir = tmp_path / 'w'
+  with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'val.en'}:2: empty line")):
+    data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(workdir), seed=0)
+  assert not workdir.exists()

@@ -65,11 +65,16 @@ def iter_eval(data_config, tokenizer, split, chunk=sources.CHUNK, limit=None, fi
     if left is not None:  # Every pair is kept: the stats count those scored.
       pairs = pairs[:left]
       left -= len(pairs)
-    examples, stats, kept = tokenize_pairs(pairs, tokenizer, data_config.max_length,
-                                           'truncate', return_kept=True, keep_empty=True)
-    yield examples, [pairs[i] for i in kept], stats
+    yield _eval_examples(data_config, tokenizer, pairs)
     if left == 0:
       return
+
+
+def _eval_examples(data_config, tokenizer, pairs):
+  """(examples, the pairs they are of, stats) of evaluation pairs, as get_eval gives them."""
+  examples, stats, kept = tokenize_pairs(pairs, tokenizer, data_config.max_length, 'truncate',
+                                         return_kept=True, keep_empty=True)
+  return examples, [pairs[i] for i in kept], stats
 
 
 DROP_WARNING = 0.01  # The share of training pairs dropped that is warned of.
@@ -114,8 +119,9 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
   """Loads train and eval splits, gets the tokenizer (load_or_train), builds the train iterator.
 
   The tokenizer is trained on the train split only; eval data as in `get_eval`.
-  Both splits are found before a vocabulary is trained and saved to the workdir,
-  so that a run that cannot start leaves no vocabulary behind.
+  Both splits are read (a bad line is an error) before a vocabulary is trained
+  and saved to the workdir, so that a run that cannot start leaves no vocabulary
+  behind.
   """
   train_pairs = sources.load_pairs(data_config, data_config.train_split,
                                    field='config.data.train_split')
@@ -123,7 +129,8 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
     raise ValueError(f'no training examples in split {data_config.train_split!r} of '
                      f'{sources.describe(data_config)}: the split is empty '
                      '(config.data.train_split)')
-  sources.check_split(data_config, data_config.eval_split, field='config.data.eval_split')
+  eval_pairs = sources.load_pairs(data_config, data_config.eval_split,
+                                  field='config.data.eval_split')
   tok = tokenizer_lib.load_or_train(
       data_config, workdir, (text for pair in train_pairs for text in pair))
   train_examples, train_stats = tokenize_pairs(
@@ -136,8 +143,7 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
         f'{data_config.overlong!r}) and {train_stats["dropped_empty"]} have an empty side')
   _warn_of_drops(train_stats, data_config)
   _warn_of_unknowns(train_examples, data_config, workdir)
-  eval_examples, eval_pairs, eval_stats = get_eval(data_config, tok, data_config.eval_split,
-                                                   field='config.data.eval_split')
+  eval_examples, eval_pairs, eval_stats = _eval_examples(data_config, tok, eval_pairs)
   if eval_stats['truncated_targets']:  # As evaluate warns: eval/loss is not of whole references.
     logging.warning('%d of the %d references of eval split %r are longer than '
                     'data.max_length=%d tokens: training\'s eval loss and perplexity score '
