@@ -343,3 +343,14 @@ def test_pack_with_longer_source_rows():
     for i, src, tgt in _rows(b):
       np.testing.assert_array_equal(src, examples[i][0])
       np.testing.assert_array_equal(tgt, examples[i][1])
+
+
+def test_a_pack_too_short_names_the_longest_source_and_target():
+  """'an example has 9 source and 6 target tokens' spoke of one example where the
+  two figures are the longest of each side, here of two examples."""
+  examples = [(np.r_[np.arange(4, 12), EOS_ID].astype(np.int32), np.r_[4, EOS_ID].astype(np.int32)),
+              (np.r_[4, EOS_ID].astype(np.int32), np.r_[np.arange(4, 9), EOS_ID].astype(np.int32))]
+  with pytest.raises(ValueError, match=r'^the longest source has 9 tokens and the longest '
+                     r'target 6; packed rows hold 8 and 8 \(config\.data\.pack_source_length, '
+                     r'config\.data\.pack_length\)'):
+    pipeline.TrainBatches(examples, tokens_per_batch=64, seed=0, batching='pack', pack_length=8)

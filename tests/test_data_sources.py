@@ -189,3 +189,25 @@ def test_a_damaged_tfds_split_names_the_split_directory_and_example(tmp_path):
       rf"split 'train' of mytruncated \({re.escape(str(folder))}\): cannot read after "
       r'\d+ examples \(damaged or truncated files\? prepare it again\): truncated record at '
       r'\d+.*', str(e.value)), str(e.value)
+
+
+def test_a_tfds_data_dir_that_is_a_file_names_the_field(tmp_path):
+  """A file as data.tfds_data_dir gave "[Errno 20] Not a directory: 'FILE/downloads'"
+  for SCAN, and for a registered dataset 'not prepared in FILE/...' with a
+  command to prepare it there; neither named the field."""
+  afile = tmp_path / 'afile'
+  afile.write_text('')
+  for dataset in ('scan/simple', NAME, 'mywmt/de-en'):
+    config = _config(str(afile))
+    config.dataset = dataset
+    with pytest.raises(NotADirectoryError, match=re.escape(
+        f'config.data.tfds_data_dir={afile} is not a directory')):
+      sources.load_pairs(config, 'train')
+    with pytest.raises(NotADirectoryError, match='config.data.tfds_data_dir'):
+      sources.check_split(config, 'train')
+  config = _config(str(afile / 'sub'))  # A directory below a file: SCAN cannot be prepared.
+  config.dataset = 'scan/simple'
+  with pytest.raises(NotADirectoryError, match=re.escape(
+      f"cannot prepare scan/simple in {afile / 'sub' / 'scan' / 'simple' / '2.0.0'} "
+      "(config.data.tfds_data_dir): [Errno 20] Not a directory")):
+    sources.load_pairs(config, 'train')

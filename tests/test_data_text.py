@@ -282,3 +282,23 @@ def test_a_bad_eval_line_stops_before_the_vocabulary(tmp_path):
   with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'val.en'}:2: empty line")):
     data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(workdir), seed=0)
   assert not workdir.exists()
+
+
+def test_misnamed_languages_and_a_missing_text_dir_name_their_fields(tmp_path):
+  """source_lang and target_lang both without files blamed the split: "...; DIR has
+  splits none in 'fr' (config.data.train_split)"; an empty text_dir asked for
+  'data_config.text_dir', a name no config has."""
+  _write(tmp_path / 'train.en', 'a dog\n')
+  _write(tmp_path / 'train.de', 'ein Hund\n')
+  with pytest.raises(FileNotFoundError, match=re.escape(
+      f"; {tmp_path} has no file in 'fr' or 'xx' (config.data.source_lang, "
+      'config.data.target_lang)')):
+    sources.load_pairs(_text_config(tmp_path, source_lang='fr', target_lang='xx'), 'train',
+                       field='config.data.train_split')
+  with pytest.raises(FileNotFoundError, match=re.escape(
+      f"; {tmp_path} has no file in 'xx' (config.data.target_lang)")):
+    sources.load_pairs(_text_config(tmp_path, target_lang='xx'), 'valid')
+  config = _text_config(tmp_path)
+  config.text_dir = ''  # As --config.data.text_dir= gives it.
+  with pytest.raises(ValueError, match=r"^dataset 'parallel_text' needs config\.data\.text_dir"):
+    sources.load_pairs(config, 'train')

@@ -178,8 +178,8 @@ class TrainBatches:
       longest_source, longest_target = int(self._src_lens.max()), int(self._tgt_lens.max())
       if longest_target > pack_length or longest_source > self._source_pack_length:
         raise ValueError(
-            f'an example has {longest_source} source and {longest_target} target tokens; '
-            f'packed rows hold {self._source_pack_length} and {pack_length} '
+            f'the longest source has {longest_source} tokens and the longest target '
+            f'{longest_target}; packed rows hold {self._source_pack_length} and {pack_length} '
             '(config.data.pack_source_length, config.data.pack_length): raise those, or '
             'lower config.data.max_length to at most both')
       self._pack_length = pack_length

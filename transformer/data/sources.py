@@ -121,13 +121,14 @@ def _iter_scan(config, split, data_dir, chunk, field=None):
   if not builder.is_prepared():
     try:
       builder.download_and_prepare()  # Generates from the grammar; nothing is downloaded.
-    except OSError:
+    except OSError as e:
       # TFDS builds in a temporary directory and renames it; when another process
       # (of a multi-process job, on a host-local data dir) renamed its own first,
       # this rename fails and that process's identical dataset is used.
       builder = scan.Scan(config=config, data_dir=data_dir)
-      if not builder.is_prepared():
-        raise
+      if not builder.is_prepared():  # The data dir cannot be written: say which setting.
+        raise type(e)(f'cannot prepare {builder.name}/{config} in {builder.data_dir} '
+                      f'(config.data.tfds_data_dir): {e}') from e
   yield from _iter_tfds(builder, split, ('source', 'target'), chunk, field)
 
 
@@ -233,7 +234,8 @@ def _text_files(data_config, split, field):
   from transformer.data import parallel_text  # pylint: disable=g-import-not-at-top
   text_dir = data_config.get('text_dir')
   if not text_dir:
-    raise ValueError("dataset 'parallel_text' needs data_config.text_dir")
+    raise ValueError("dataset 'parallel_text' needs config.data.text_dir, the directory of "
+                     'its text files')
   langs = (data_config.source_lang, data_config.target_lang)
   try:
     return tuple(parallel_text.find_file(text_dir, split, lang) for lang in langs)
@@ -249,16 +251,27 @@ def _text_files(data_config, split, field):
     if present:  # The split is there in one language: the other language is misnamed.
       which = 'source_lang' if langs[0] not in present else 'target_lang'
       raise FileNotFoundError(f'{e} (config.data.{which})') from e
+    unknown = [(name, lang) for name, lang in zip(('source_lang', 'target_lang'), langs)
+               if not _text_splits(text_dir, lang)]
+    if unknown:  # No split at all in a language: the language is misnamed, not the split.
+      raise FileNotFoundError(
+          f"{e}; {text_dir} has no file in {' or '.join(repr(lang) for _, lang in unknown)} "
+          f"({', '.join(f'config.data.{name}' for name, _ in unknown)})") from e
     splits = _text_splits(text_dir, langs[0])
     raise FileNotFoundError(_with_field(
         f"{e}; {text_dir} has split{'s' if len(splits) != 1 else ''} "
-        f"{', '.join(map(repr, splits)) if splits else 'none'} in {langs[0]!r}", field)) from e
+        f"{', '.join(map(repr, splits))} in {langs[0]!r}", field)) from e
 
 
 def tfds_data_dir(data_config):
   """config.data.tfds_data_dir, None (TFDS's default) where unset or empty: an
-  empty string would make TFDS prepare the dataset in the current directory."""
-  return data_config.get('tfds_data_dir') or None
+  empty string would make TFDS prepare the dataset in the current directory. A
+  file in its place is an error naming the field, where TFDS says '[Errno 20] Not
+  a directory' of a path inside it (SCAN) or that the dataset is not prepared."""
+  data_dir = data_config.get('tfds_data_dir') or None
+  if data_dir and os.path.exists(data_dir) and not os.path.isdir(data_dir):
+    raise NotADirectoryError(f'config.data.tfds_data_dir={data_dir} is not a directory')
+  return data_dir
 
 
 def load_pairs(data_config, split, field=None):
