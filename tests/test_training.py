@@ -86,6 +86,39 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   assert restore_params(workdir, config)[2] == 40
 
 
+def test_the_loop_runs_at_most_one_step_ahead_of_the_devices(tmp_path, data_dir, monkeypatch):
+  """Dispatch is asynchronous: the loop could queue every step up to its next log
+  or checkpoint step, and a stop signal was then answered only after all of them
+  (25 steps, 14 s, in a default run). With steps made slow on the devices (a
+  chain of products in each), each step is dispatched with at most the one
+  before it unfinished."""
+  losses, in_flight = [], []
+  compile_steps = training.compile_steps
+
+  def slowed(*args, **kwargs):
+    train_fn, eval_fn = compile_steps(*args, **kwargs)
+
+    @jax.jit
+    def slow_step(state, batch):
+      state, metrics = train_fn(state, batch)
+      x = jax.lax.fori_loop(0, 20, lambda _, x: jnp.tanh(x @ x), jnp.eye(512) * 0.5)
+      return state.replace(step=state.step + jnp.isnan(x.sum()).astype(state.step.dtype)), metrics
+
+    def dispatch(state, batch):
+      in_flight.append(sum(not loss.is_ready() for loss in losses))
+      state, metrics = slow_step(state, batch)
+      losses.append(metrics["loss"])
+      return state, metrics
+
+    return dispatch, eval_fn
+
+  monkeypatch.setattr(training, "compile_steps", slowed)
+  config = tiny_experiment(data_dir, num_steps=8, log_every=8, eval_every=8,
+                           checkpoint_every=8)
+  training.train_and_evaluate(config, str(tmp_path / "w"))
+  assert len(in_flight) == 8 and max(in_flight) <= 1, in_flight
+
+
 def test_a_failed_last_save_is_raised_when_called_while_handling_an_error(tmp_path, data_dir,
                                                                          monkeypatch):
   """Training called from an except block (a notebook's retry, a fallback):

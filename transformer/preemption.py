@@ -2,8 +2,9 @@
 
 A scheduler preempting a job sends SIGTERM and waits a grace period before
 SIGKILL; Ctrl-C sends SIGINT. Either asks training to finish the step in
-flight, save a checkpoint at that step (skipping that step's evaluation and
-decoding, which the grace period may not cover, or what is left of them where
+flight (and the one the loop has queued behind it, at most one), save a
+checkpoint at that step (skipping that step's evaluation and decoding, which
+the grace period may not cover, or what is left of them where
 the signal comes during them: `stop_now`) and raise Preempted, which
 train.py turns into exit status 128 + the signal's number (143 for SIGTERM, 130
 for SIGINT: what a shell reports for a process the signal killed), so a

@@ -431,6 +431,11 @@ def _train_and_evaluate(config, workdir: str) -> dict:
       with progress.timed("compile") if step == start + 1 else contextlib.nullcontext():
         state, metrics = train_fn(state, batch)
       pending.append(metrics)
+      if len(pending) > 1:
+        # One step queued behind the one running keeps the devices busy. Without
+        # this wait, dispatch runs ahead to the next log or checkpoint step, and
+        # a stop signal would be answered only after every step dispatched.
+        jax.block_until_ready(pending[-2])
       last = step == config.train.num_steps
       stopping = signals.stop_after(step) and not last
       saving = step % config.train.checkpoint_every == 0 or last or stopping
