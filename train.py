@@ -21,8 +21,7 @@ if __name__ == "__main__":
 
 import sys  # pylint: disable=g-import-not-at-top
 
-from absl import app  # pylint: disable=g-import-not-at-top
-from absl import flags
+from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging
 from ml_collections import config_flags
 
@@ -33,11 +32,6 @@ from transformer import workdir as workdir_lib
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and the vocabulary "
                                "go; default runs/<config file stem>.")
-
-
-def parse_flags(argv):
-  """absl's flag parsing, a bad flag or --config value stopping it in one line."""
-  return runtime.parse_flags(argv, "train")
 
 
 def main(argv):
@@ -64,4 +58,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main, flags_parser=parse_flags)
+  runtime.run(main, "train")  # A bad flag or --config value: one line.

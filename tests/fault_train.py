@@ -16,12 +16,10 @@ from transformer import runtime  # pylint: disable=g-import-not-at-top
 if __name__ == "__main__":
   runtime.use_fast_malloc()  # As train.py does.
 
-from absl import app  # pylint: disable=g-import-not-at-top,g-bad-import-order
-
 from tests import fault_hooks
 import train
 
 if __name__ == "__main__":
   fault_hooks.install_hooks(os.environ)
   train.flags.mark_flag_as_required("config")
-  app.run(train.main, flags_parser=train.parse_flags)
+  runtime.run(train.main, "train")

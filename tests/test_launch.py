@@ -191,7 +191,9 @@ def test_bad_port_timeout_and_command_are_one_line_each():
                           sys.executable, "-c", "pass"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
-    assert message in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launch: error: ") and message in lines[0], (
+        out.stderr)
   out = subprocess.run([sys.executable, "-m", "transformer.launch", "--",
                         "no_such_command_here", "x"], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)

@@ -164,6 +164,24 @@ def test_a_missing_tcmalloc_path_stops_the_command_with_its_name(command):
   assert "Traceback" not in out.stderr
 
 
+COMMANDS = ["train.py", "-m transformer.evaluate", "-m transformer.translate",
+            "-m transformer.average_checkpoints", "-m transformer.launch",
+            "-m transformer.sweep", "-m transformer.summary", "-m transformer.plots"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_bad_flag_is_one_line_naming_it_in_every_command(command):
+  """absl's parser says 'FATAL Flags parsing error' and adds a usage hint: two
+  lines where every other bad value is one."""
+  name = "train" if command == "train.py" else command.split(".")[-1]
+  out = subprocess.run([sys.executable, *command.split(), "--no_such_flag=3"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TRANSFORMER_DEFAULT_MALLOC": "1"})
+  assert out.returncode == 1 and not out.stdout
+  assert out.stderr.splitlines() == [
+      f"{name}: error: Unknown command line flag 'no_such_flag'"], out.stderr
+
+
 def test_no_restart_where_jax_computes_on_a_gpu_or_tpu():
   """The allocator is for XLA's CPU buffers: on a GPU (session 32's H200) every
   command restarted for nothing."""

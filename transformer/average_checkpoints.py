@@ -23,7 +23,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, distributed, lock
+from transformer import checkpoints, distributed, lock, runtime
 from transformer import workdir as workdir_lib
 
 
@@ -162,4 +162,4 @@ if __name__ == "__main__":
   flags.DEFINE_integer("last", None, "How many of the newest checkpoints to average; "
                        "default the workdir's train.keep_checkpoints (the paper: 5 for base, "
                        "20 for big).", lower_bound=1)
-  app.run(main)
+  runtime.run(main, "average_checkpoints")

@@ -256,4 +256,4 @@ if __name__ == "__main__":
   define_decode_flags(SCORED_DECODE_MODES, "beam")
   flags.DEFINE_string("split", None, "Split to evaluate; default config.data.test_split.")
   flags.DEFINE_integer("limit", None, "Evaluate the first N examples only.", lower_bound=1)
-  app.run(main)
+  runtime.run(main, "evaluate")

@@ -38,7 +38,7 @@ import time
 from absl import app
 from absl import flags
 
-from transformer import distributed
+from transformer import distributed, runtime
 
 _POLL_S = 0.1
 
@@ -266,4 +266,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  runtime.run(main, "launch")

@@ -205,4 +205,4 @@ if __name__ == "__main__":
   flags.DEFINE_integer("max_len", 100, "Positions to draw.")
   flags.DEFINE_string("out", None, "Image file to write (.png; .svg, .pdf and the other "
                       "suffixes matplotlib writes).", required=True)
-  app.run(main)
+  runtime.run(main, "plots")

@@ -338,6 +338,13 @@ def parse_flags(argv, command: str, config_flag: str = "config", flag_values=Non
   return rest
 
 
+def run(main, command: str) -> None:
+  """absl's app.run(main) with parse_flags: every command's bad flag is one line
+  (absl's own parser adds a usage hint on a second)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  app.run(main, flags_parser=lambda argv: parse_flags(argv, command))
+
+
 def _message(error) -> str:
   """An exception's own text: ml_collections raises AttributeError(KeyError(text)),
   whose str() is the KeyError's repr, quotes and escaped newlines included."""

@@ -14,7 +14,6 @@ allocated.
 import collections
 import sys
 
-from absl import app
 from absl import flags
 import jax
 from ml_collections import config_flags
@@ -76,4 +75,4 @@ if __name__ == "__main__":
   config_flags.DEFINE_config_file("config", None, "Config file.", lock_config=True)
   flags.DEFINE_string("workdir", None, "A training workdir, instead of --config: its config "
                       "and trained vocabulary.")
-  app.run(main, flags_parser=lambda argv: runtime.parse_flags(argv, "summary"))
+  runtime.run(main, "summary")

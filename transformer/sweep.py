@@ -419,4 +419,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  runtime.run(main, "sweep")

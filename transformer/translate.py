@@ -319,4 +319,4 @@ if __name__ == "__main__":
                        upper_bound=2**32 - 1)
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode sample; 0: the "
                      "argmax, as --mode greedy).")
-  app.run(main)
+  runtime.run(main, "translate")
