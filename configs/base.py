@@ -109,8 +109,8 @@ def get_config():
   decode.tokens_per_batch = 0
   # Beam search halves its batch up to this many times as sentences finish, so the
   # finished stop costing rows (the same outputs; search.beam_search). Each halving
-  # compiles another loop: Multi30k test decodes 1.06x faster with 2 (1.18x one batch
-  # at a time) but compiles 14 s longer, so it pays on large inputs
+  # compiles another loop: Multi30k test decodes 1.02x faster with 2 (1.06x one batch
+  # at a time) but compiles 17 s longer (README), so it pays on large inputs
   # (evaluate/translate --compact 2). 0 = off.
   decode.compact = 0
   # Beam search takes batches this many times as large, searching as many sentences
