@@ -148,6 +148,21 @@ def test_summary_of_a_workdir_counts_its_trained_vocabulary(tmp_path):
   assert lines[-1] == "Total parameters: 925,568"
 
 
+def test_summary_rows_are_modules_not_their_parameters():
+  """A row is a module (up to 3 path parts) with the shapes of its parameters: the
+  shared embedding is one row named by its module, a layer norm's scale and bias
+  one row, never a row per parameter named by the parameter."""
+  config = default.get_config()
+  rows = {module: (shapes, count)
+          for module, shapes, count in parameter_rows(parameter_shapes(model_config(config)))}
+  d = config.model.d_model
+  (vocab, width), = rows["shared_embedding"][0]
+  assert width == d and rows["shared_embedding"][1] == vocab * d
+  assert not [m for m in rows if m.split("/")[-1] in ("embedding", "kernel", "bias", "scale")]
+  norms = [shapes for m, (shapes, _) in rows.items() if m.endswith("norm")]
+  assert norms and all(shapes == [(d,), (d,)] for shapes in norms), rows.keys()
+
+
 def test_summary_table_rows_add_up():
   rows = parameter_rows(parameter_shapes(model_config(default.get_config())))
   table = format_table(rows)

@@ -503,3 +503,16 @@ def test_settings_out_of_range_and_over_long_sources_are_named():
   too_long = jnp.asarray(sources([17], 17))  # max_len=16 positions.
   with pytest.raises(ValueError, match='17 tokens is longer than config.model.max_len=16'):
     decode.encode_and_decode(**{**kw, 'inputs_BxS': too_long})
+
+
+def test_the_edges_of_each_settings_range_are_settings_not_errors():
+  """alpha 0 (beams ranked by log-probability alone: the length penalty's
+  ablation), temperature 0 (the argmax), top_k 0 (the whole vocabulary) and
+  max_extra_len 0 are accepted, as the checks' messages (>= 0) say."""
+  model, params = tiny_model()
+  kw = dict(model=model, params=params, inputs_BxS=jnp.asarray(sources(SRC_LENGTHS, 6)),
+            max_extra_len=EXTRA, eos_id=M_EOS, rng=jax.random.key(0))
+  for edge in (dict(mode='beam', beam_size=2, alpha=0.0), dict(mode='sample', temperature=0.0),
+               dict(mode='sample', top_k=0), dict(mode='greedy', max_extra_len=0)):
+    decode.check_settings(**edge)
+    assert decode.encode_and_decode(**{**kw, **edge}).shape[0] == len(SRC_LENGTHS), edge

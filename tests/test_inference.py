@@ -199,3 +199,31 @@ def test_outputs_are_cut_after_their_eos_which_they_keep():
   eos = data_lib.EOS_ID
   assert cut([5, eos, 0, 0]) == [5, eos] and cut([5, 6, eos, 7]) == [5, 6, eos]
   assert cut([5, 6, 0, 0]) == [5, 6]
+
+
+def test_the_decode_score_is_sacrebleu_of_the_outputs_against_the_references(
+    workdir, monkeypatch):
+  """evaluate_examples (training's decode, whose score picks the best checkpoint)
+  scores the outputs as sacreBLEU's hypotheses and the references as its
+  references: corpus BLEU and chrF are not symmetric (the brevity penalty), so a
+  swap would change every score. An echoing model (output = its own source) gives
+  outputs that are shorter prefixes of the references here."""
+  import copy  # pylint: disable=import-outside-toplevel
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  restored, examples = _split_and_model(workdir, limit=6)
+  monkeypatch.setattr(inference, "_COMPILED", {})
+  monkeypatch.setattr(decode, "encode_and_decode", lambda model, params, inputs, **kw: inputs)
+  config = copy.deepcopy(restored.config)
+  config.data.dataset = "multi30k"  # Scored with BLEU, not SCAN's exact match.
+  sources = [restored.tokenizer.decode(src) for src, _ in examples]
+  references = [f"{s} and then some more words" for s in sources]
+  scores, hypotheses = inference.evaluate_examples(
+      restored.model, restored.params, examples, references, restored.tokenizer, config,
+      restored.mesh, mode="greedy")
+  assert hypotheses == sources
+  bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+  assert bleu.score != pytest.approx(sacrebleu.corpus_bleu(references, [hypotheses]).score)
+  assert scores["bleu"] == pytest.approx(bleu.score)
+  assert scores["bleu_brevity_penalty"] == pytest.approx(bleu.bp) and bleu.bp < 1
+  assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
+  assert scores["num_sentences"] == len(examples)

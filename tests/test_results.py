@@ -502,3 +502,58 @@ def test_collect_names_the_rows_whose_params_are_counted_at_data_vocab_size(tmp_
   markdown = results.collect(sweep, workdir)
   assert ("params: at data.vocab_size (no workdir holds its trained vocabulary)."
           in markdown.split("\n\n"))
+
+
+def _one_variant(tmp_path):
+  """The base variant of a sweep of none on Multi30k, and its workdir's path."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
+  return sweep.variants[0], str(tmp_path / "runs" / "base")
+
+
+def test_a_step_logged_twice_shows_its_last_value(tmp_path):
+  """A step written again (a workdir trained again from an earlier checkpoint, its
+  events appended) reads as its last value, the one of the training it holds now."""
+  variant, variant_dir = _one_variant(tmp_path)
+  fake_workdir(variant_dir, variant.config, {"status": "finished", "steps": 300},
+               checkpoints=[300], scalars=[("eval/perplexity", 300, 9.0),
+                                           ("decode/bleu", 300, 0.10),
+                                           ("eval/perplexity", 300, 4.0),
+                                           ("decode/bleu", 300, 0.25)])
+  row = results.variant_row(variant, variant_dir)
+  assert (row["dev_perplexity"], row["dev_bleu_training"]) == (4.0, 0.25)
+
+
+def test_of_two_evaluations_of_the_same_figure_the_newest_is_shown(tmp_path):
+  """Two evaluate JSONs of the same split, search and checkpoint (one written under
+  an older file name, say): the table shows the newer one's figure, whatever the
+  names' order."""
+  variant, variant_dir = _one_variant(tmp_path)
+  fake_workdir(variant_dir, variant.config, {"status": "finished", "steps": 300},
+               checkpoints=[300], evaluations=[
+                   {"split": "val", "mode": "greedy", "step": 300, "metrics": {"bleu": 12.0}},
+                   {"split": "val", "mode": "greedy", "step": 300, "metrics": {"bleu": 10.0}}])
+  newer, older = (os.path.join(variant_dir, f"eval_{i}.json") for i in (0, 1))
+  os.utime(older, (1_000_000_000, 1_000_000_000))
+  os.utime(newer, (1_000_000_100, 1_000_000_100))
+  assert results.variant_row(variant, variant_dir)["dev_bleu_greedy"] == 12.0
+
+
+def test_dev_perplexity_is_the_dev_splits_of_the_checkpoint_chosen(tmp_path):
+  """The dev PPL column holds the dev split's perplexity: a test split's
+  evaluation, which records one too, never fills it; and of a checkpoint other
+  than the latest, training's last logged one (the latest's) does not either."""
+  variant, variant_dir = _one_variant(tmp_path)
+  fake_workdir(variant_dir, variant.config, {"status": "finished", "steps": 300},
+               checkpoints=[300], scalars=[("eval/perplexity", 300, 6.0)], evaluations=[
+                   {"split": "val", "mode": "greedy", "step": 300, "perplexity": 4.5,
+                    "metrics": {"bleu": 21.0}},
+                   {"split": "test_2016_flickr", "mode": "greedy", "step": 300,
+                    "perplexity": 9.5, "metrics": {"bleu": 20.0}}])
+  row = results.variant_row(variant, variant_dir)
+  assert (row["dev_perplexity"], row["test_bleu_greedy"]) == (4.5, 20.0)
+  os.remove(os.path.join(variant_dir, "eval_0.json"))  # No dev evaluation: training's.
+  assert results.variant_row(variant, variant_dir)["dev_perplexity"] == 6.0
+  for checkpoint in ("best", "300"):  # Training logged the latest's, not these.
+    assert results.variant_row(variant, variant_dir, checkpoint).get("dev_perplexity") is None

@@ -355,3 +355,15 @@ def test_a_set_the_bases_architecture_does_not_read_stops_the_sweep(tmp_path):
     sweep_lib.resolve(write_sweep(tmp_path), base=rnn, sets=["model.rnn_input_feeding=False"])
   sweep_lib.resolve(write_sweep(tmp_path), base=rnn, sets=[
       "model.rnn_attention=luong_general", "model.rnn_input_feeding=False"])
+
+
+def test_the_default_workdir_keeps_a_sweep_on_another_base_apart():
+  """Without --workdir a sweep trains in runs/<sweep stem>; with --base, in
+  runs/<sweep stem>_<base stem> (with the base's argument), so that the same
+  sweep run on two bases never resumes, or labels, the other's variants."""
+  table3 = os.path.join("configs", "sweeps", "table3.py")
+  assert sweep_lib.default_workdir(table3, None) == os.path.join("runs", "table3")
+  assert sweep_lib.default_workdir(table3, "configs/multi30k.py:de-en") == os.path.join(
+      "runs", "table3_multi30k_de-en")
+  assert len({sweep_lib.default_workdir(table3, base) for base in (
+      None, "configs/default.py", "configs/multi30k.py", "configs/multi30k.py:de-en")}) == 4

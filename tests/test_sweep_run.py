@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -393,3 +394,24 @@ def test_a_signal_to_the_sweep_stops_its_training_and_is_recorded(tmp_path, tmp_
     walls.append(status["wall_seconds"])
     assert status["steps"] == results.latest_step(variant_dir) > 0
   assert not os.path.exists(os.path.join(workdir, "seed1"))  # Stopped before it started.
+
+
+def test_a_signal_that_comes_while_training_starts_is_passed_on_to_it():
+  """A SIGTERM to the sweep after it has started train.py but before it forwards
+  signals to it (train.py's start-up, seconds long) still reaches train.py, once
+  forwarding begins: otherwise that training would run to its end unattended."""
+  with sweep_run.ForwardedSignals() as signals:
+    os.kill(os.getpid(), signal.SIGTERM)  # Caught by the sweep's handler: no child yet.
+    for _ in range(100):
+      if signals.received:
+        break
+      time.sleep(0.01)
+    assert signals.received == signal.SIGTERM
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+      with signals.forwarding(child):
+        code = child.wait(timeout=10)
+    finally:
+      if child.poll() is None:
+        child.kill()
+  assert code == -signal.SIGTERM

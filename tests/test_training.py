@@ -18,7 +18,7 @@ import pytest
 
 from tests import process_helpers
 from tests.helpers import ADAM_EPS_NOTE, tiny_experiment
-from transformer import checkpoints, sharding, state as state_lib, training
+from transformer import checkpoints, optim, sharding, state as state_lib, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,15 +45,22 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   config = tiny_experiment(data_dir, decode_every=30, decode_examples=50, checkpoint_every=7)
   workdir = str(tmp_path / "run")
   log_train, averaged = training._Progress.log_train, []  # pylint: disable=protected-access
+  rates = []
 
   def counted(self, step, metrics_list, learning_rate):
     averaged.append((step, len(metrics_list)))
+    rates.append((step, learning_rate))
     return log_train(self, step, metrics_list, learning_rate)
 
   monkeypatch.setattr(training._Progress, "log_train", counted)  # pylint: disable=protected-access
   with caplog.at_level(logging.INFO):
     first = training.train_and_evaluate(config, workdir)
   assert averaged == [(step, 5) for step in range(5, 31, 5)]
+  # The learning rate logged at step s is the one step s's update used: the
+  # schedule after s - 1 updates (in warmup here, so each step's differs).
+  _, schedule = optim.make_optimizer(config.optim, config.model.d_model)
+  assert rates == [(step, pytest.approx(float(schedule(step - 1)))) for step in range(5, 31, 5)]
+  assert rates[0][1] != pytest.approx(float(schedule(5)))
   waits = [float(w) for w in re.findall(r"train/input_wait_fraction=([0-9.e-]+)",
                                          caplog.text)]
   assert len(waits) == 30 // 5 and all(0 <= w <= 1 for w in waits)
@@ -338,6 +345,25 @@ def test_the_best_checkpoint_is_the_highest_score_and_a_tie_keeps_the_earlier(
   best_dir = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["best"])
   assert checkpoints.complete_steps(best_dir) == [4]
   assert checkpoints.metric_value(best_dir, 4, "exact_match") == 0.5
+
+
+def test_decode_examples_0_decodes_the_whole_eval_split(tmp_path, data_dir, monkeypatch):
+  """train.decode_examples = 0 decodes every sentence of the eval split (what the
+  table's note calls 'all'), not a prefix of it: the score that picks the best
+  checkpoint is of the whole split."""
+  decoded = []
+  evaluate_examples = training.inference.evaluate_examples
+
+  def recorded(model, params, examples, references, *args, **kwargs):
+    decoded.append((len(examples), len(references)))
+    return evaluate_examples(model, params, examples, references, *args, **kwargs)
+
+  monkeypatch.setattr(training.inference, "evaluate_examples", recorded)
+  config = tiny_experiment(data_dir, num_steps=2, decode_every=2, decode_examples=0,
+                           eval_every=100)
+  config.data.eval_split = "test[:12]"
+  training.train_and_evaluate(config, str(tmp_path / "w"))
+  assert decoded == [(12, 12)]
 
 
 def test_nan_before_any_checkpoint_says_there_is_none():

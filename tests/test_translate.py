@@ -457,3 +457,39 @@ def test_help_lists_the_decoding_flags_translate_shares_with_evaluate():
   assert {"workdir", "checkpoint", "mode", "beam_size", "alpha", "max_extra_len",
           "tokens_per_batch", "chunk_lines", "compact", "refill", "input", "output",
           "temperature", "seed"} <= listed, out.stdout[-3000:]
+
+
+def test_the_plot_is_of_the_first_non_empty_line_whatever_the_chunks(workdir, tmp_path,
+                                                                     monkeypatch):
+  """--plot_attention draws the first non-empty line of the input, also where the
+  input is read in chunks (--chunk_lines 1: a blank line, then one chunk a line)."""
+  computed = []
+  monkeypatch.setattr(plots, "cross_attention_weights",
+                      lambda model, params, source_ids, output_ids, *layer: computed.append(
+                          source_ids) or np.ones((1, len(output_ids), len(source_ids))))
+  monkeypatch.setattr(plots, "plot_attention", lambda *args, **kwargs: None)
+  src = tmp_path / "in.txt"
+  src.write_text("\n" + LINES[0] + "\n" + LINES[2] + "\n" + LINES[6] + "\n")
+  translate.run(workdir, str(src), str(tmp_path / "out.txt"), mode="greedy",
+                plot_attention=str(tmp_path / "a.png"), chunk_lines=1)
+  (source_ids,) = computed
+  tokenizer = workdir_lib.restore(workdir).tokenizer
+  assert tokenizer.decode(list(source_ids)) == LINES[0]
+
+
+@pytest.mark.parametrize("field", ["model.max_len", "data.max_length"])
+def test_sources_are_cut_to_the_smaller_of_the_positions_and_the_training_length(
+    restored, monkeypatch, capsys, field):
+  """The source limit is the smaller of model.max_len (positions must exist) and
+  data.max_length (the longest source training saw): an over-long line is cut to
+  it whichever of the two is smaller. An echoing model shows the source decoded."""
+  import copy  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(inference, "_COMPILED", {})
+  monkeypatch.setattr(decode, "encode_and_decode", lambda model, params, inputs, **kw: inputs)
+  config = copy.deepcopy(restored.config)
+  section, name = field.split(".")
+  config[section][name] = 16  # The other stays 64.
+  (out,) = translate.translate_lines(restored.model, restored.params, restored.tokenizer,
+                                     config, restored.mesh, [OVERLONG], mode="greedy")
+  assert out.split() == OVERLONG.split()[:15]
+  assert "line 1 has 80 tokens; keeping the first 15" in capsys.readouterr().err

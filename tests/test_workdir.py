@@ -41,6 +41,23 @@ def test_missing_workdir_or_damaged_config_is_named(tmp_path):
     evaluate.run(str(tmp_path))
 
 
+def test_a_workdir_from_before_attention_bias_loads_with_biased_projections(tmp_path):
+  """A config.json written before model.attention_bias existed was trained with
+  biased attention projections (Flax's default then): it loads with the field
+  True, so its checkpoints' parameters are the model's; one that records the
+  field keeps its value."""
+  from tests.helpers import tiny_experiment  # pylint: disable=import-outside-toplevel
+  from transformer import training  # pylint: disable=import-outside-toplevel
+  config = tiny_experiment(str(tmp_path / "tfds"))
+  config.model.attention_bias = False
+  training.save_config(config, str(tmp_path))
+  assert workdir_lib.load_config(str(tmp_path)).model.attention_bias is False
+  values = json.loads((tmp_path / "config.json").read_text())
+  del values["model"]["attention_bias"]
+  (tmp_path / "config.json").write_text(json.dumps(values))
+  assert workdir_lib.load_config(str(tmp_path)).model.attention_bias is True
+
+
 def test_a_hand_edited_model_field_of_the_wrong_type_is_named(workdir, tmp_path):
   """A config.json whose model.num_heads is "2" ended evaluate in a TypeError's
   traceback deep in the model's checks; it is now one line naming the file."""
