@@ -58,6 +58,22 @@ def test_a_job_that_fails_by_itself_is_reported_in_order():
   assert "[launch] failed: process 1 killed by SIGKILL first" in text
 
 
+def test_a_stopped_process_that_others_fail_waiting_for_is_named():
+  """Process 1 stops (SIGSTOP: alive and silent), process 0 then fails, as it
+  would timing out in a collective with it: the launcher names the stopped one
+  beside the first failure, which alone would point at process 0."""
+  out = io.StringIO()
+  code = launch.launch(python("import time; time.sleep(1); raise SystemExit(1)",
+                              "import signal; os.kill(os.getpid(), signal.SIGSTOP)"),
+                       2, grace_s=0.5, out=out)
+  text = out.getvalue()
+  assert code == 1, text
+  assert ("[launch] process 1 is stopped (SIGSTOP or a debugger): process 0 may have failed "
+          "waiting for it\n") in text
+  assert "[launch] process 1: killed by SIGTERM (by the launcher)" in text
+  assert not launch.is_stopped(os.getpid())
+
+
 class _QuitAfter(io.StringIO):
   """An output whose reader quits (`| head -3`) after `lines` writes."""
 

@@ -461,6 +461,8 @@ def test_a_hung_process_ends_the_job_within_the_heartbeat_timeout(data_dir, tmp_
   heartbeat = get_config(data_dir).distributed.heartbeat_timeout_s
   assert "stopped sending heartbeats" in output, output[-5000:]
   assert "[launch] process 0: killed by SIGABRT\n" in output, output[-5000:]
+  assert ("[launch] process 1 is stopped (SIGSTOP or a debugger): process 0 may have "
+          "failed waiting for it\n") in output, output[-5000:]
   # Continued and told to end (SIGTERM), it may first take the service's error
   # (SIGABRT), or fail on its own with process 0 gone (status 1, seen under load).
   assert re.search(r"\[launch\] process 1: (killed by SIG\w+|exited with status [1-9]\d*) "

@@ -20,8 +20,9 @@ A job fails as a whole: once a process fails, the others get --grace_s seconds
 to end by themselves (a JAX process notices a dead peer within
 config.distributed.heartbeat_timeout_s), then are terminated. The exit status is
 then non-zero (the first failure's status, or 128 + its signal) and the last
-lines say how each process ended and which failed first. --timeout_s bounds the
-whole job the same way.
+lines say how each process ended and which failed first; a process found stopped
+then (SIGSTOP, a debugger), which the others may have failed waiting for, is
+named too. --timeout_s bounds the whole job the same way.
 """
 
 import contextlib
@@ -102,6 +103,16 @@ def _signal_group(child, signum) -> None:
   """`signum` to the child's process group (the child and what it started)."""
   with contextlib.suppress(ProcessLookupError, PermissionError):  # The group has ended.
     os.killpg(child.pid, signum)
+
+
+def is_stopped(pid: int) -> bool:
+  """Whether process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger): its state in
+  /proc (Linux); False where that cannot be read."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+  except (OSError, IndexError):
+    return False
 
 
 def _pump(stream, prefix, out, lock):
@@ -186,6 +197,13 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
           say(f"process {first_failure} {how_it_ended(children[first_failure].returncode)}; "
               f"waiting up to {grace_s:g} s for the others to end")
           deadline = now + grace_s
+          # A stopped process fails nothing itself, but the others time out waiting
+          # for it in a collective: it, not the first to fail, is then the cause.
+          frozen = [i for i, c in enumerate(children) if c.poll() is None and is_stopped(c.pid)]
+          if frozen:
+            say(f"process{'es' if len(frozen) > 1 else ''} {', '.join(map(str, frozen))} "
+                f"{'are' if len(frozen) > 1 else 'is'} stopped (SIGSTOP or a debugger): "
+                f"process {first_failure} may have failed waiting for it")
       if timeout_s and now - start > timeout_s and not stop_reason:
         stop_reason.append((f"the job ran past --timeout_s={timeout_s:g}", 124))
       if stop_reason or (deadline is not None and now > deadline):
