@@ -82,7 +82,8 @@ def check_variant(config, mode, text):
   try:
     evaluate.search_settings("decode_ab", config, mode)
     reference = base_config.get_config()  # Valid outside config.decode.
-    reference.decode.update(config.decode.to_dict())
+    # A workdir of an older version may hold a decode field since removed.
+    reference.decode.update({k: v for k, v in config.decode.items() if k in reference.decode})
     config_lib.check_config(reference)
   except ValueError as e:
     raise ValueError(f"--variant {text!r}: {runtime.first_line(e)}") from None

@@ -454,6 +454,19 @@ def test_decode_ab_refuses_a_bad_flag_by_name_before_any_work(argv, message, dec
   assert capsys.readouterr().err.splitlines()[-1].endswith(f": error: {message}")
 
 
+def test_decode_ab_takes_a_workdir_holding_a_decode_field_since_removed():
+  """config.decode.min_cache_len was a field for a while: an old workdir's
+  config.json holding it is decoded, and a value out of range is still named."""
+  from benchmarks import decode_ab  # pylint: disable=g-import-not-at-top
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.decode.min_cache_len = 8
+  decode_ab.check_variant(config, "beam", "compact=1")
+  config.decode.concurrent_batches = 0
+  with pytest.raises(ValueError, match=r"--variant 'x': config.decode.concurrent_batches=0"):
+    decode_ab.check_variant(config, "beam", "x")
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--workdir", "{tmp}/none"], "{tmp}/none/config.json not found: is '{tmp}/none' a "
      "training workdir?"),

@@ -2,6 +2,7 @@
 import os
 
 import ml_collections
+import numpy as np
 import pytest
 import sentencepiece as spm
 
@@ -219,6 +220,22 @@ def test_lines_longer_than_sentencepieces_default_limit_are_trained_on():
   all_long = tok_lib.train([f'word{i} ' * 1000 for i in range(10)], 'word', 40)
   assert all_long.vocab_size == 4 + 10
   assert tok_lib.UNK_ID not in all_long.encode('word0 word9')
+
+
+def test_a_line_of_hundreds_of_kilobytes_trains_on_its_beginning():
+  """SentencePiece's unigram trainer fails (`[std::isfinite(score)]`) on a line of
+  a few hundred KB, here 450 KB of unspaced CJK: lines over MAX_SENTENCE_BYTES
+  train the vocabulary on their first bytes, which hold a word found only there."""
+  rng = np.random.default_rng(0)
+  chars = [chr(0x4e00 + i) for i in range(100)]
+  texts = [''.join(rng.choice(chars[:40], 30)) for _ in range(20_000)]
+  huge = ''.join(rng.choice(chars, 150_000))
+  assert len(huge.encode('utf-8')) > 400_000
+  tok = tok_lib.train(texts + [huge], 'unigram', 2000)
+  assert tok_lib.UNK_ID not in tok.encode(huge[:100])
+  long_lines = ['zebra ' * 5000] * 5  # 30,000 bytes each, cut to their beginning.
+  assert len(long_lines[0]) > tok_lib.MAX_SENTENCE_BYTES
+  assert len(tok_lib.train(TEXTS + long_lines, 'bpe', 300).encode('zebra')) == 1
 
 
 def test_a_text_of_spaces_alone_says_it_holds_no_text():

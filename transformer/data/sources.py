@@ -71,7 +71,8 @@ def _iter_tfds(builder, split, keys, chunk, field=None):
   """Lists of up to `chunk` rows of `split`, each a tuple of str, one per key in `keys`.
   Damaged files and text that is not UTF-8 are a ValueError naming the split, the
   dataset's directory and the example: TensorFlow's own error names none of them.
-  Example N counts from 0 in the order read, as the slice f'{split}[N:N+1]' does."""
+  Example N counts from 0 in the order read, within `split` (a slice's own first
+  example is 0)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   _tfds_split_size(builder, split, field)

@@ -21,6 +21,7 @@ from transformer import files, runtime
 from transformer.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID, VOCAB_TYPES  # pylint: disable=g-multiple-import
 MODEL_FILENAME = 'spm.model'
 MAX_TRAIN_SENTENCES = 300_000  # Caps training time at seconds; more barely changes the pieces.
+MAX_SENTENCE_BYTES = 16_384  # Longer training lines train the vocabulary on their beginning.
 TRAIN_SEED = 0
 TRAIN_THREADS = 4  # The trained model depends on the thread count: fixed, not os.cpu_count().
 
@@ -93,12 +94,20 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
     # Our own seeded sample: SentencePiece's sampler is not seeded per call.
     keep = np.random.default_rng(seed).choice(len(texts), max_sentences, replace=False)
     texts = [texts[i] for i in np.sort(keep)]
+  # SentencePiece skips lines over max_sentence_length bytes (4192 by default)
+  # without a word, and its unigram trainer fails on lines of a few hundred KB:
+  # longer lines train on their beginning, and the longest line sets the limit.
+  lengths = [len(t.encode('utf-8')) for t in texts]
+  cut = [i for i, n in enumerate(lengths) if n > MAX_SENTENCE_BYTES]
+  for i in cut:
+    texts[i] = texts[i].encode('utf-8')[:MAX_SENTENCE_BYTES].decode('utf-8', 'ignore')
+  if cut:
+    logging.info('%d training line(s) over %d bytes train the vocabulary on their first '
+                 '%d bytes', len(cut), MAX_SENTENCE_BYTES, MAX_SENTENCE_BYTES)
+  longest = max(min(n, MAX_SENTENCE_BYTES) for n in lengths)
   spm.set_random_generator_seed(seed)
   proto = io.BytesIO()
   byte_fallback = vocab_type != 'word'
-  # SentencePiece skips lines over max_sentence_length bytes (4192 by default)
-  # without a word: the longest line sets it, so every line counts.
-  longest = max(len(t.encode('utf-8')) for t in texts)
   try:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=proto,
