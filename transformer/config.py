@@ -266,8 +266,8 @@ def check_known_fields(config) -> None:
     for name in names:
       if name not in section:
         near = difflib.get_close_matches(name, section.keys(), n=1)
-        raise ValueError(f"{path}.{name}: unknown field (configs/base.py's config has no such field)"
-                         + (f"; did you mean {path}.{near[0]}?" if near else ""))
+        raise ValueError(f"{path}.{name}: unknown field (configs/base.py's config has no "
+                         "such field)" + (f"; did you mean {path}.{near[0]}?" if near else ""))
 
 
 def check_config(config) -> None:

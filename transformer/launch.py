@@ -203,7 +203,8 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
           if frozen:
             say(f"process{'es' if len(frozen) > 1 else ''} {', '.join(map(str, frozen))} "
                 f"{'are' if len(frozen) > 1 else 'is'} stopped (SIGSTOP or a debugger): "
-                f"process {first_failure} may have failed waiting for it")
+                f"process {first_failure} may have failed waiting for "
+                f"{'them' if len(frozen) > 1 else 'it'}")
       if timeout_s and now - start > timeout_s and not stop_reason:
         stop_reason.append((f"the job ran past --timeout_s={timeout_s:g}", 124))
       if stop_reason or (deadline is not None and now > deadline):
