@@ -112,11 +112,14 @@ def eval_loss_sums(eval_fn, params, examples, config, mesh, totals=None):
   """Teacher-forced loss sums over `examples`, added to `totals` if given
   (losses.normalize turns them into per-token figures)."""
   # Every host builds the same batches and places its own share of their rows.
-  # In a multi-process job each batch ends before the next starts: the batches'
-  # programs do not depend on each other, so a CPU client runs several at once,
-  # and one process's all-reduce of one batch can meet another process's of the
-  # next, which hangs the job.
-  one_at_a_time = jax.process_count() > 1
+  # In a multi-process job, and over several CPU devices, each batch ends before
+  # the next starts: the batches' programs do not depend on each other, so a CPU
+  # client runs several at once, and one process's all-reduce of one batch can
+  # meet another process's of the next, which hangs the job; in one process,
+  # devices waiting in the all-reduces of many batches at once outlast the
+  # rendezvous' 40 s (seen over 300 batches on 4 CPU devices).
+  one_at_a_time = jax.process_count() > 1 or (
+      mesh.devices.size > 1 and jax.default_backend() == "cpu")
   for _, batch in data_lib.eval_batches(examples, config.data.tokens_per_batch,
                                         batch_multiple=sharding.row_multiple(mesh),
                                         max_length=config.data.max_length):
