@@ -93,12 +93,19 @@ def test_short_run_learns_checkpoints_logs_and_resumes(tmp_path, data_dir, caplo
   assert restore_params(workdir, config)[2] == 40
 
 
-def test_the_loop_runs_at_most_one_step_ahead_of_the_devices(tmp_path, data_dir, monkeypatch):
+@pytest.mark.parametrize("ahead", [None, 3])
+def test_the_loop_runs_at_most_steps_ahead_of_the_devices(tmp_path, data_dir, monkeypatch,
+                                                         ahead):
   """Dispatch is asynchronous: the loop could queue every step up to its next log
   or checkpoint step, and a stop signal was then answered only after all of them
   (25 steps, 14 s, in a default run). With steps made slow on the devices (a
-  chain of products in each), each step is dispatched with at most the one
-  before it unfinished."""
+  chain of products in each), each step is dispatched with at most
+  `steps_ahead()` before it unfinished: one on a CPU (None: the default here),
+  more where it says so (as on a GPU), and then the queue does fill."""
+  if ahead is None:
+    assert jax.default_backend() == "cpu" and training.steps_ahead() == 1
+  else:
+    monkeypatch.setattr(training, "steps_ahead", lambda: ahead)
   losses, in_flight = [], []
   compile_steps = training.compile_steps
 
@@ -123,7 +130,8 @@ def test_the_loop_runs_at_most_one_step_ahead_of_the_devices(tmp_path, data_dir,
   config = tiny_experiment(data_dir, num_steps=8, log_every=8, eval_every=8,
                            checkpoint_every=8)
   training.train_and_evaluate(config, str(tmp_path / "w"))
-  assert len(in_flight) == 8 and max(in_flight) <= 1, in_flight
+  assert len(in_flight) == 8, in_flight
+  assert max(in_flight) <= 1 if ahead is None else 1 < max(in_flight) <= ahead, in_flight
 
 
 def test_a_failed_last_save_is_raised_when_called_while_handling_an_error(tmp_path, data_dir,

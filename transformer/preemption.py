@@ -2,7 +2,7 @@
 
 A scheduler preempting a job sends SIGTERM and waits a grace period before
 SIGKILL; Ctrl-C sends SIGINT. Either asks training to finish the step in
-flight (and the one the loop has queued behind it, at most one), save a
+flight (and those the loop has queued behind it: `training.steps_ahead`), save a
 checkpoint at that step (skipping that step's evaluation and decoding, which
 the grace period may not cover, or what is left of them where
 the signal comes during them: `stop_now`) and raise Preempted, which
