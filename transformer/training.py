@@ -333,10 +333,9 @@ def steps_ahead() -> int:
   """How many steps the loop dispatches ahead of the devices' running one.
 
   A stop signal waits for them. A CPU step takes 0.1 s to seconds, and one step
-  queued keeps the cores busy; a GPU step of the Multi30k recipe takes ~7 ms, and
-  one step queued left the GPU idle through the host's jitter (tokens/s x0.87
-  against an unbounded queue; four queued ran as fast as that: benchmarks/README.md,
-  session 37), while four steps add only milliseconds to a stop.
+  queued keeps the cores busy. A GPU or TPU step can take milliseconds, less than
+  the host's jitter between steps: four queued keep the device busy through it
+  and add only milliseconds to a stop (benchmarks/README.md, session 37).
   """
   return 1 if jax.default_backend() == "cpu" else 4
 
