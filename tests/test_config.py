@@ -148,6 +148,32 @@ def test_summary_of_a_workdir_counts_its_trained_vocabulary(tmp_path):
   assert lines[-1] == "Total parameters: 925,568"
 
 
+def test_a_config_with_a_vocabulary_file_counts_at_its_size_and_warns_of_vocab_size(tmp_path):
+  """data.vocab_path's vocabulary is the model's: summary and sweep --list counted
+  at data.vocab_size=1000 (1,050,624 parameters), and train.py read the
+  override of it silently. A string 'None' is no file (a command line's None)."""
+  from transformer import results  # pylint: disable=g-import-not-at-top
+  from transformer.data import tokenizer  # pylint: disable=g-import-not-at-top
+  vocab = str(tmp_path / "v.model")
+  tokenizer.train([" ".join(f"w{i}" for i in range(19))], "word", 32).save(vocab)
+  out = subprocess.run([sys.executable, "-m", "transformer.summary", "--config",
+                        DEFAULT, f"--config.data.vocab_path={vocab}",
+                        "--config.data.vocab_size=1000"], capture_output=True, text=True)
+  lines = out.stdout.strip().splitlines()
+  assert lines[0] == f"Embeddings at the vocabulary of data.vocab_path={vocab}: 23 ids"
+  assert lines[-1] == "Total parameters: 925,568", out.stderr[-2000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      "summary: warning: --config.data.vocab_size has no effect with data.vocab_path set "
+      "(the vocabulary is that file; its size is the embeddings'): the count is the model's "
+      "without it")
+  config = default.get_config()
+  config.data.vocab_path = vocab
+  assert results.count_parameters(config) == 925_568
+  config.data.vocab_path = "None"
+  with pytest.raises(ValueError, match=r"^config.data.vocab_path='None': is the string 'None'"):
+    check_config(config)
+
+
 def test_summary_rows_are_modules_not_their_parameters():
   """A row is a module (up to 3 path parts) with the shapes of its parameters: the
   shared embedding is one row named by its module, a layer norm's scale and bias

@@ -256,6 +256,26 @@ def test_a_model_field_neither_model_reads_may_change_on_resume():
       "model.rnn_cell"]
 
 
+def test_what_a_vocabulary_file_or_a_sinusoid_makes_unread_may_change_on_resume():
+  """With data.vocab_path the vocabulary is that file: a resume with another
+  data.vocab_size was refused as '(changes the vocabulary)', which it does not.
+  A sinusoid's table is no parameter: model.max_len was refused as '(changes the
+  parameters)'. Learned positions, or a vocabulary trained from vocab_size, stay fixed."""
+  def config(vocab_path=None, vocab_size=32, max_len=64, positional="sinusoidal"):
+    return {"data": {"vocab_path": vocab_path, "vocab_size": vocab_size, "vocab_type": "bpe"},
+            "model": {"architecture": "transformer", "max_len": max_len,
+                      "positional": positional}}
+
+  fixed, free = resume_changes(config("v.model"), config("v.model", 500, max_len=80))
+  assert not fixed and [f for f, *_ in free] == ["data.vocab_size", "model.max_len"]
+  fixed, _ = resume_changes(config("v.model"), config("w.model", 500))
+  assert [f for f, *_ in fixed] == ["data.vocab_path"]  # The file is what is fixed.
+  fixed, _ = resume_changes(config(), config(vocab_size=500))
+  assert [(f, why) for f, _, _, why in fixed] == [("data.vocab_size", "changes the vocabulary")]
+  fixed, _ = resume_changes(config(positional="learned"), config(max_len=80, positional="learned"))
+  assert [(f, why) for f, _, _, why in fixed] == [("model.max_len", "changes the parameters")]
+
+
 def _trained_looking_workdir(tmp_path, config, checkpoint=True):
   """config.json, a vocabulary file and (with `checkpoint`) a checkpoint's
   directory: what the check compares against."""
@@ -444,6 +464,18 @@ def test_a_resume_that_changes_how_the_best_is_scored_warns(tmp_path, caplog):
     workdir_lib.check_resume_config(workdir, changed)
   assert ("with other decoding settings (train.decode_mode): the kept best checkpoint was "
           "scored with the old ones") in caplog.text
+  # The beam's size and length penalty: greedy scores, before and after, read neither.
+  greedy = tiny_experiment(tmp_path / "tfds", num_steps=60)
+  assert greedy.train.decode_mode == "greedy"
+  greedy.decode.beam_size, greedy.decode.alpha = 8, 1.0
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    workdir_lib.check_resume_config(workdir, greedy)
+  assert "decode.alpha" in caplog.text and "other decoding settings" not in caplog.text
+  changed.decode.beam_size = 8
+  with caplog.at_level(logging.INFO):
+    workdir_lib.check_resume_config(workdir, changed)
+  assert "other decoding settings (decode.beam_size, train.decode_mode)" in caplog.text
 
 
 def test_train_command_names_the_mismatch_in_one_line(tmp_path):

@@ -357,6 +357,42 @@ def test_a_set_the_bases_architecture_does_not_read_stops_the_sweep(tmp_path):
       "model.rnn_attention=luong_general", "model.rnn_input_feeding=False"])
 
 
+def test_a_set_only_the_base_reads_leaves_a_variant_of_the_other_architecture_valid(tmp_path):
+  """A Transformer-against-RNN sweep with the Transformer shrunk by --set: the
+  RNN variant was refused as if it had set d_ff itself ('has no effect with
+  model.architecture='rnn''), though it only goes without it, as train.py warns."""
+  path = write_sweep(tmp_path, text='BASE = {base!r}\ndef get_sweep(base):\n  return [("rnn", '
+                     '{{"model.architecture": "rnn", "data.batching": "bucket"}}), '
+                     '("rnn-ff", {{"model.architecture": "rnn", "data.batching": "bucket", '
+                     '"model.d_ff": 64}})]\n')
+  sweep = sweep_lib.resolve(path, sets=["model.d_ff=64", "model.num_heads=2"])
+  assert [v.name for v in sweep.valid] == ["base", "rnn"]
+  assert sweep.valid[1].config.model.d_ff == 64  # Unread, as the --set gave it.
+  # A variant's own override of a field its model does not read stays invalid.
+  assert "config.model.d_ff: has no effect with model.architecture='rnn'" in \
+      sweep.variants[2].error
+
+
+def test_a_variant_field_spelt_with_the_config_prefix_is_the_fields(tmp_path):
+  """As `--set config.field=value`: it was 'config.config.model.dropout: unknown field'."""
+  path = write_sweep(tmp_path, text='BASE = {base!r}\ndef get_sweep(base):\n  return [("d", '
+                     '{{"config.model.dropout": 0.3}})]\n')
+  sweep = sweep_lib.resolve(path)
+  assert sweep.variants[1].error is None and sweep.variants[1].overrides == ["model.dropout=0.3"]
+  assert sweep.variants[1].config.model.dropout == 0.3
+
+
+def test_a_none_in_a_sweep_file_is_an_invalid_variant_not_a_path_named_none(tmp_path):
+  """A variant's values reach train.py's command line as strings: None became the
+  vocabulary path 'None', valid at --list and failing when run."""
+  path = write_sweep(tmp_path, text='BASE = {base!r}\ndef get_sweep(base):\n  return [("v", '
+                     '{{"data.vocab_path": None}})]\n')
+  sweep = sweep_lib.resolve(path)
+  assert sweep.variants[1].error == (
+      "config.data.vocab_path='None': is the string 'None', not None (command-line values "
+      "are strings): leave the field out to keep it None")
+
+
 def test_the_default_workdir_keeps_a_sweep_on_another_base_apart():
   """Without --workdir a sweep trains in runs/<sweep stem>; with --base, in
   runs/<sweep stem>_<base stem> (with the base's argument), so that the same

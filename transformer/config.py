@@ -85,16 +85,28 @@ def overridden_fields(argv) -> list:
   return [found.group(1) for found in map(_OVERRIDE.match, argv) if found]
 
 
+# Fields a vocabulary file given as data.vocab_path takes the place of.
+VOCABULARY_TRAINING_FIELDS = ("data.vocab_size", "data.vocab_type")
+
+
+def unread_field(config, field: str) -> Optional[str]:
+  """Why `config` (a ConfigDict or the dict of a saved config.json) does not
+  read `field` (e.g. 'model.num_heads'), or None where it does: a model field
+  unread_model_field names, or what trains a vocabulary where data.vocab_path
+  gives one."""
+  section, _, name = field.partition(".")
+  if section == "model":
+    return unread_model_field(config.get("model", {}), name)
+  if field in VOCABULARY_TRAINING_FIELDS and config.get("data", {}).get("vocab_path"):
+    return ("has no effect with data.vocab_path set (the vocabulary is that file; "
+            "its size is the embeddings')")
+  return None
+
+
 def unread_overrides(config, fields) -> list:
-  """(field, why) of each overridden field (e.g. 'model.num_heads') that the
-  config's model does not read: an ablation of it would train the base again."""
-  unread = []
-  for field in fields:
-    section, _, name = field.partition(".")
-    why = unread_model_field(config.model, name) if section == "model" else None
-    if why:
-      unread.append((field, why))
-  return unread
+  """(field, why) of each overridden field that the config does not read
+  (unread_field): an ablation of it would train the base again."""
+  return [(field, why) for field, why in ((f, unread_field(config, f)) for f in fields) if why]
 
 
 def resolve_dtype(dtype: str, backend: str = "") -> str:
@@ -296,6 +308,10 @@ def check_config(config) -> None:
   check(0 <= value("seed") < 2**32, "seed", "must be in [0, 2**32) (jax.random.key "
         "keeps 32 bits)")
 
+  # A command line's values are strings: `--config.data.vocab_path=None` is a path.
+  for field in ("data.vocab_path", "data.tfds_data_dir"):
+    check(value(field) != "None", field, "is the string 'None', not None (command-line "
+          "values are strings): leave the field out to keep it None")
   check(config.data.batching in BATCHING, "data.batching", f"must be one of {BATCHING}")
   # SCAN's pairs are commands and actions, whatever the languages say.
   check(config.data.dataset.startswith("scan/")
@@ -429,12 +445,15 @@ def resume_changes(saved: dict, current: dict):
       continue
     section, _, name = field.partition(".")
     reason = FIXED_ON_RESUME.get(field)
-    # A model field that neither the saved nor the current model reads (the
-    # Transformer's heads on the RNN, say) shapes no parameter.
-    if (section == "model" and name not in RESUMABLE_MODEL_FIELDS
-        and not (unread_model_field(saved.get("model", {}), name)
-                 and unread_model_field(current.get("model", {}), name))):
+    if section == "model" and name not in RESUMABLE_MODEL_FIELDS:
       reason = _PARAMETERS
+    if name == "max_len" and not {saved["model"].get("positional"),
+                                  current["model"].get("positional")} & {"learned"}:
+      reason = None  # A sinusoid's table, computed at any length, is no parameter.
+    if unread_field(saved, field) and unread_field(current, field):
+      # Neither the saved nor the current config reads it (the Transformer's heads
+      # on the RNN, a vocabulary size beside data.vocab_path): it shapes nothing.
+      reason = None
     if field == "optim.grad_clip_norm" and (old[field] > 0) != (new[field] > 0):
       reason = "adds or removes the optimizer's clipping state"
     if reason:

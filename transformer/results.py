@@ -34,6 +34,7 @@ from absl import logging
 from transformer import checkpoints, files, lock, metrics as metrics_lib, state as state_lib
 from transformer import workdir as workdir_lib
 from transformer.config import model_config, same_recipe
+from transformer.data import tokenizer as tokenizer_lib
 
 STATUS_FILE = "sweep_status.json"
 # Held in <variant dir>/.sweep while a sweep decides on a variant and trains it:
@@ -47,8 +48,10 @@ _METRIC_NAMES = {"bleu": ("BLEU", 1.0), "exact_match": ("exact match %", 100.0)}
 
 
 def count_parameters(config, vocab_size: int = 0) -> int:
-  """Parameters of the config's model (at data.vocab_size unless given), from
+  """Parameters of the config's model (unless `vocab_size` is given, at the size of
+  data.vocab_path's vocabulary where it names one, else at data.vocab_size), from
   shapes alone: nothing is allocated."""
+  vocab_size = vocab_size or tokenizer_lib.given_vocab_size(config.data) or 0
   return state_lib.parameter_count(state_lib.parameter_shapes(model_config(config, vocab_size)))
 
 

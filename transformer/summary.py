@@ -6,8 +6,9 @@
 Prints a first line saying which vocabulary the embeddings are counted at, one
 row per module (path, parameter shapes, count) and, last, the line `Total
 parameters: N`. A config counts its data.vocab_size, which a trained word
-vocabulary can fall short of (SCAN's has 23 of the 32 asked for); a workdir
-counts its trained vocabulary. Shapes come from jax.eval_shape: nothing is
+vocabulary can fall short of (SCAN's has 23 of the 32 asked for), or the size of
+data.vocab_path's vocabulary where it names one; a workdir counts its trained
+vocabulary. Shapes come from jax.eval_shape: nothing is
 allocated.
 """
 
@@ -21,6 +22,7 @@ from ml_collections import config_flags
 from transformer import runtime
 from transformer import workdir as workdir_lib
 from transformer.config import check_config, model_config, overridden_fields, unread_overrides
+from transformer.data import tokenizer as tokenizer_lib
 from transformer.state import parameter_shapes
 
 
@@ -63,9 +65,13 @@ def main(argv):
       for field, why in unread_overrides(config, overridden_fields(sys.argv[1:])):
         print(f"summary: warning: --config.{field} {why}: the count is the model's "
               "without it", file=sys.stderr)
-      vocab_size = 0
-      print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
-            "vocabulary can hold fewer: --workdir counts a trained model)")
+      vocab_size = tokenizer_lib.given_vocab_size(config.data) or 0
+      if vocab_size:
+        print(f"Embeddings at the vocabulary of data.vocab_path={config.data.vocab_path}: "
+              f"{vocab_size} ids")
+      else:
+        print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
+              "vocabulary can hold fewer: --workdir counts a trained model)")
     print(format_table(parameter_rows(parameter_shapes(model_config(config, vocab_size)))))
 
 

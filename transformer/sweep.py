@@ -200,9 +200,11 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
   if not os.path.isfile(base.partition(":")[0]):
     raise ValueError(f"{where} {base!r}: no such file")
   plain = _load_base(base, where)
-  # `--set config.field=value`, spelt as train.py's --config.field=value, is the field's.
-  sets = [s[len("config."):] if s.startswith("config.") and "config" not in plain else s
-          for s in sets]
+
+  def field_of(name):  # `config.field`, spelt as train.py's --config.field, is the field's.
+    return name[len("config."):] if name.startswith("config.") and "config" not in plain else name
+
+  sets = [field_of(s) for s in sets]
   for field in [s.partition("=")[0] for s in sets]:  # A bad --set stops the sweep here.
     if _unknown_field(plain, field):
       raise ValueError(f"--set config.{field}: unknown field (not in {base})")
@@ -219,6 +221,7 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
     if why:
       raise ValueError(f"{path}: variant name {name!r} is {why}")
     names.add(name)
+    overrides = {field_of(k): v for k, v in overrides.items()}
     variant = Variant(name, [f"{k}={v}" for k, v in overrides.items()])  # True -> "True".
     try:
       for field in overrides:
@@ -226,7 +229,9 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
           raise ValueError(f"config.{field}: unknown field (not in {base})")
       variant.config = load_file(base, sweep.overrides(variant))
       check_config(variant.config)
-      _check_architecture_fields(variant.config, sweep.overrides(variant))
+      # Its own fields only: a --set that the base reads (checked above) may go
+      # unread by a variant of another architecture, which warns of it as train.py does.
+      _check_architecture_fields(variant.config, variant.overrides)
     except (ValueError, TypeError, flags.Error) as e:
       variant.config, variant.error = None, str(e)
     sweep.variants.append(variant)

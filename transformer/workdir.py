@@ -67,6 +67,7 @@ class ConfigMismatchError(runtime.CommandError):
 # What the in-training decode score, which picks the best checkpoint, is measured on.
 SCORE_FIELDS = ("train.decode_mode", "train.decode_examples", "data.eval_split",
                 "decode.beam_size", "decode.alpha", "decode.max_extra_len")
+BEAM_SCORE_FIELDS = ("decode.beam_size", "decode.alpha")  # Greedy search reads neither.
 
 # What a trained vocabulary depends on besides its own fields: the text it was
 # trained on (the training split of that dataset, both languages).
@@ -139,7 +140,9 @@ def check_resume_config(workdir: str, config) -> None:
   if free:
     logging.info("Resuming %s with changed fields: %s", workdir,
                  "; ".join(f"{f} {o!r} -> {n!r}" for f, o, n in free))
-  measure = [f for f, _, _ in free if f in SCORE_FIELDS]
+  greedy = saved.get("train", {}).get("decode_mode") == config.train.decode_mode == "greedy"
+  measure = [f for f, _, _ in free if f in SCORE_FIELDS
+             and not (greedy and f in BEAM_SCORE_FIELDS)]
   best = os.path.join(workdir, CHECKPOINT_DIRS["best"])
   if measure and checkpoints.complete_steps(best):
     logging.warning("Resuming %s with other decoding settings (%s): the kept best "

@@ -12,6 +12,7 @@ Word vocabularies (SCAN) have no byte pieces: an unseen word is UNK.
 import io
 import os
 import re
+from typing import Optional
 
 from absl import logging
 import numpy as np
@@ -152,6 +153,18 @@ def train(texts, vocab_type, vocab_size, max_sentences=MAX_TRAIN_SENTENCES, seed
 def vocabulary_path(data_config, workdir) -> str:
   """Where a run's vocabulary is: `data_config.vocab_path` if set, else `{workdir}/spm.model`."""
   return data_config.get('vocab_path') or os.path.join(workdir, MODEL_FILENAME)
+
+
+def given_vocab_size(data_config) -> Optional[int]:
+  """The size of the vocabulary `data_config.vocab_path` names, where it names a
+  readable one (counts before training are of it, not of data.vocab_size); else None."""
+  path = data_config.get('vocab_path')
+  if not path or not os.path.isfile(path):
+    return None
+  try:
+    return Tokenizer.load(path).vocab_size
+  except ValueError:  # Training's load names the field and the file.
+    return None
 
 
 def load_or_train(data_config, workdir, texts):
