@@ -308,6 +308,22 @@ def test_compact_and_refill_outside_beam_search_are_warned_of(workdir, monkeypat
   assert "warning" not in capsys.readouterr().err
 
 
+def test_a_flag_at_odds_with_the_workdirs_compact_or_refill_names_where_each_is(
+    tmp_path, monkeypatch):
+  """--refill 4 on a workdir trained with decode.compact=2 said 'compact (2) and
+  refill (4) are two ways...', not where the 2 came from."""
+  stop_at(monkeypatch, "restore", "load_tokenizer")
+  workdir = rnn_workdir(tmp_path, "compact", compact=2)
+  with pytest.raises(ValueError, match=re.escape(
+      "--refill 4, and the workdir's config.decode.compact is 2: two ways to spend fewer "
+      "steps on finished sentences; add --compact 0")):
+    evaluate.run(workdir, mode="beam", refill=4)
+  with pytest.raises(ValueError, match=re.escape("compact (2) and refill (4) are two ways")):
+    evaluate.run(workdir, mode="beam", refill=4, compact=2)  # Both given: as given.
+  with pytest.raises(Stopped):
+    evaluate.run(workdir, mode="beam", compact=1)
+
+
 def test_command_reports_bad_input_without_traceback(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "transformer.evaluate", "--workdir", str(tmp_path / "none")],

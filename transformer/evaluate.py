@@ -94,6 +94,12 @@ def search_settings(command, config, mode, beam_size=None, alpha=None, max_extra
   --compact or --refill outside --mode beam is warned of (the other searches
   ignore them), and a refill the model's decoding cannot do is refused."""
   settings = inference.decode_settings(config, beam_size, alpha, max_extra_len, compact, refill)
+  flags_given = {"compact": compact, "refill": refill}
+  for (flag, value), kept in zip(flags_given.items(), ("refill", "compact")):
+    if value and flags_given[kept] is None and settings[kept]:  # The workdir's.
+      raise ValueError(f"--{flag} {value}, and the workdir's config.decode.{kept} is "
+                       f"{settings[kept]}: two ways to spend fewer steps on finished "
+                       f"sentences; add --{kept} 0")
   decode.check_settings(mode, **settings)
   if mode != "beam":
     if (compact or refill) and jax.process_index() == 0:
