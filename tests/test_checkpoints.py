@@ -407,6 +407,40 @@ def test_a_failed_write_lets_the_writes_beside_it_end_before_the_error(tmp_path)
     assert noise not in result.stderr, result.stderr[-3000:]
 
 
+# A save whose step directory cannot be made (as in a directory made read-only).
+_SAVE_UNMAKEABLE = """
+import os, sys, time
+import jax.numpy as jnp
+from transformer import checkpoints
+c = checkpoints.Checkpointer(sys.argv[1])
+makedirs = os.makedirs
+def refused(path, *args, **kwargs):
+  if "orbax-checkpoint-tmp" in str(path):
+    raise PermissionError(1, "Operation not permitted", str(path))
+  return makedirs(path, *args, **kwargs)
+os.makedirs = refused
+start = time.time()
+try:
+  c.save(1, {"w": jnp.ones(3)}, {"position": 1})
+  c.close()
+except checkpoints.CheckpointSaveError as e:
+  print(str(e).split(":")[0], time.time() - start < 60)
+"""
+
+
+def test_a_step_directory_that_cannot_be_made_is_reported_at_once(tmp_path):
+  """Orbax made a step's directory in a background thread; where that failed (an
+  unwritable checkpoints directory), the writer threads waited 300 s for its
+  signal: the error came after 3 minutes, the process ended 2 minutes later."""
+  result = subprocess.run([sys.executable, "-c", _SAVE_UNMAKEABLE, str(tmp_path)],
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout == f"checkpoint 1 could not be written to {tmp_path} True\n", (
+      result.stdout + result.stderr[-3000:])
+
+
 def test_a_closed_loop_lets_its_tasks_end_and_takes_their_errors_as_seen():
   """Orbax closes an event loop as soon as one task of a gather fails (a read
   or a write): the others end first, and their errors count as seen. One that

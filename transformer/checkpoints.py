@@ -264,10 +264,14 @@ class Checkpointer:
     # so the regular and the best checkpoint of one step, saved at once, would
     # meet at one barrier ("already ongoing": the job fails); each directory's
     # barriers carry its name.
+    # A step's directory is made in save() itself: made in Orbax's background
+    # thread, a failure (an unwritable directory) left its writer threads
+    # waiting 300 s for the directory's signal, and the process with them.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=None if read_only else keep, save_interval_steps=0 if read_only else 1,
         create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
         lightweight_initialize=read_only, multiprocessing_options=barrier_options(self.directory),
+        async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False),
         **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           handler_registry=_handlers())
