@@ -282,6 +282,13 @@ def test_a_bad_eval_line_stops_before_the_vocabulary(tmp_path):
   with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'val.en'}:2: empty line")):
     data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(workdir), seed=0)
   assert not workdir.exists()
+  # Nor an empty one (empty files), named only after the vocabulary was saved.
+  _write(tmp_path / 'val.en', '')
+  _write(tmp_path / 'val.de', '')
+  with pytest.raises(ValueError, match=re.escape(
+      "eval split 'val' of parallel_text has no examples (config.data.eval_split)")):
+    data_lib.get_train_and_eval(_text_config(tmp_path), workdir=str(workdir), seed=0)
+  assert not workdir.exists()
 
 
 def test_misnamed_languages_and_a_missing_text_dir_name_their_fields(tmp_path):

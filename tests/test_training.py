@@ -202,21 +202,11 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, da
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state.params))
 
 
-def test_an_empty_eval_split_stops_before_training(tmp_path, data_dir, monkeypatch):
-  """(A text split of empty files reads as no examples; TFDS refuses an empty slice.)"""
-  load_data = training.load_data
-  monkeypatch.setattr(training, "load_data", lambda *args: load_data(*args)._replace(
-      eval_examples=[], eval_pairs=[]))
-  with pytest.raises(ValueError, match=r"eval split 'test\[:200\]' of scan/simple has no "
-                     r"examples \(config.data.eval_split\)"):
-    training.train_and_evaluate(tiny_experiment(data_dir), str(tmp_path / "w"))
-  assert not os.path.exists(tmp_path / "w" / "checkpoints")
-
-
-def test_axes_this_mesh_cannot_use_and_an_empty_eval_split_stop_before_training():
+def test_axes_this_mesh_cannot_use_stop_before_training():
   """Sizes known only once the mesh is: a model axis of -1 that does not divide
-  the heads; and an eval split without examples. (Budgets too small for a data
-  axis' rows serve evaluation and decoding anyway: tests/test_data_pipeline.py.)"""
+  the heads. (Budgets too small for a data axis' rows serve evaluation and
+  decoding anyway: tests/test_data_pipeline.py; an eval split without examples
+  stops before the vocabulary: tests/test_data_text.py.)"""
   from configs import default  # pylint: disable=g-import-not-at-top
   config = default.get_config()
   config.model.num_heads, config.train.mesh = 2, "data=1,model=-1"
@@ -224,8 +214,6 @@ def test_axes_this_mesh_cannot_use_and_an_empty_eval_split_stop_before_training(
   with pytest.raises(ValueError, match=r"config.train.mesh='data=1,model=-1': the model axis "
                      r"\(8, of \d+ devices\) must divide model.num_heads=2"):
     training._check_model_axis(config, on_8)  # pylint: disable=protected-access
-  with pytest.raises(ValueError, match=r"eval split .* has no examples \(config.data.eval_split\)"):
-    training._check_eval_split(config, [])  # pylint: disable=protected-access
 
 
 def test_fsdp_that_splits_no_parameter_is_warned_of(caplog):

@@ -244,16 +244,6 @@ def _check_model_axis(config, mesh) -> None:
   check_model_axis(config, mesh.shape[sharding.MODEL_AXIS], f", of {jax.device_count()} devices")
 
 
-def _check_eval_split(config, eval_examples) -> None:
-  """Stops the run now, naming the field, where evaluation during training would
-  fail later (after a run's worth of steps): an empty eval split. (Any budget
-  serves evaluation and decoding: data.eval_batches gives a batch too wide for
-  it one row a device.)"""
-  if not eval_examples:
-    raise ValueError(f"eval split {config.data.eval_split!r} of {config.data.dataset} has no "
-                     "examples (config.data.eval_split)")
-
-
 def _close_all(closers, in_flight=None) -> None:
   """Calls each of `closers` (None: not made) in turn, even after one fails, and
   raises the first failure, logging the later ones. (An ExitStack would raise
@@ -348,7 +338,6 @@ def _train_and_evaluate(config, workdir: str) -> dict:
 
   _check_model_axis(config, mesh)
   data = load_data(config, workdir, mesh)
-  _check_eval_split(config, data.eval_examples)
   logging.info("Data: %s", json.dumps(data.stats))
   # Logged once the config, the workdir and the data have passed their checks, so
   # that a bad value stops the program with one line rather than after a page.

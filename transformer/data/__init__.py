@@ -135,6 +135,9 @@ def get_train_and_eval(data_config, *, workdir, seed, batch_multiple=1,
                      '(config.data.train_split)')
   eval_pairs = sources.load_pairs(data_config, data_config.eval_split,
                                   field='config.data.eval_split')
+  if not eval_pairs:  # Evaluation during training would fail after a run's worth of steps.
+    raise ValueError(f'eval split {data_config.eval_split!r} of {data_config.dataset} has no '
+                     'examples (config.data.eval_split)')
   tok = tokenizer_lib.load_or_train(
       data_config, workdir, (text for pair in train_pairs for text in pair))
   train_examples, train_stats = tokenize_pairs(
