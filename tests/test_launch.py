@@ -202,10 +202,16 @@ def test_what_a_stopped_process_started_ends_with_it():
 
 def test_bad_port_timeout_and_command_are_one_line_each():
   for flag, message in (("--port=70000", "--port=70000"), ("--port=-5", "--port=-5"),
-                        ("--timeout_s=0", "--timeout_s=0 must be > 0")):
-    out = subprocess.run([sys.executable, "-m", "transformer.launch", flag, "--",
-                          sys.executable, "-c", "pass"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+                        ("--timeout_s=0", "--timeout_s=0 must be > 0"),
+                        # NaN passed absl's bounds: no limit, no grace, an instant SIGKILL.
+                        ("--timeout_s=nan", "--timeout_s=nan must be > 0 and finite"),
+                        ("--grace_s=nan", "--grace_s=nan must be >= 0 and finite"),
+                        ("--stop_grace_s=nan", "--stop_grace_s=nan must be >= 0 and finite"),
+                        (None, "launch: error: no command: python -m transformer.launch "
+                         "[flags] -- COMMAND ...")):  # Was absl's whole usage.
+    command = [flag, "--", sys.executable, "-c", "pass"] if flag else []
+    out = subprocess.run([sys.executable, "-m", "transformer.launch", *command], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("launch: error: ") and message in lines[0], (

@@ -26,6 +26,7 @@ named too. --timeout_s bounds the whole job the same way.
 """
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -36,7 +37,6 @@ import sys
 import threading
 import time
 
-from absl import app
 from absl import flags
 
 from transformer import distributed, runtime
@@ -141,8 +141,12 @@ def launch(command, processes, devices_per_process=None, port=None, grace_s=30.0
     raise ValueError(f"--processes={processes} must be >= 1")
   if port is not None and not 0 < port < 65536:
     raise ValueError(f"--port={port} must be in 1..65535")
-  if timeout_s is not None and timeout_s <= 0:
-    raise ValueError(f"--timeout_s={timeout_s:g} must be > 0 (leave it out for no limit)")
+  if timeout_s is not None and not 0 < timeout_s < math.inf:  # NaN too: it compares False.
+    raise ValueError(f"--timeout_s={timeout_s:g} must be > 0 and finite (leave it out for no "
+                     "limit)")
+  for name, value in (("grace_s", grace_s), ("stop_grace_s", stop_grace_s)):
+    if not 0 <= value < math.inf:
+      raise ValueError(f"--{name}={value:g} must be >= 0 and finite")
   if not command or shutil.which(command_line(command)[0]) is None:
     raise ValueError(f"no such command: {command_line(command)[0] if command else '(none)'!r}")
   if port and distributed.port_in_use(port):  # Said here, not as a variable's problem.
@@ -273,7 +277,7 @@ def define_flags():
 
 def main(argv):
   if len(argv) < 2:
-    raise app.UsageError("no command: python -m transformer.launch [flags] -- COMMAND ...")
+    sys.exit("launch: error: no command: python -m transformer.launch [flags] -- COMMAND ...")
   try:
     f = flags.FLAGS
     code = launch(argv[1:], f.processes, f.devices_per_process, f.port, f.grace_s,
