@@ -16,8 +16,8 @@ signal); rerunning resumes from it (transformer/preemption.py).
 from transformer import runtime
 
 if __name__ == "__main__":
+  runtime.end_at_interrupt("train")  # A Ctrl-C at start-up: one line (see there).
   runtime.use_fast_malloc()  # Before JAX starts; see transformer/runtime.py.
-  runtime.catch_interrupts()  # A Ctrl-C from here on is not lost (start-up is long).
 
 import sys  # pylint: disable=g-import-not-at-top
 
@@ -39,6 +39,8 @@ def main(argv):
   if len(argv) > 1:
     sys.exit(f"train: error: unexpected arguments {argv[1:]}")
   config = _CONFIG.value
+  if _WORKDIR.value == "":  # An unset shell variable: not runs/<config>, which may hold a run.
+    sys.exit("train: error: --workdir is empty (leave the flag out for runs/<config file stem>)")
   workdir = _WORKDIR.value or workdir_lib.default_workdir(flags.FLAGS["config"].config_filename)
   for field, why in config_lib.unread_overrides(config,
                                                 config_lib.overridden_fields(sys.argv[1:])):

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,6 +76,48 @@ def test_a_ctrl_c_swallowed_in_a_command_still_ends_it_by_sigint():
   out = _swallowed_ctrl_c("evaluate", "  print('decoded', flush=True)\n")
   assert out.stdout == "went on\ndecoded\n" and "Exception ignored" in out.stderr, out
   assert out.stderr.endswith("evaluate: interrupted\n") and out.returncode == -signal.SIGINT, out
+
+
+def test_a_ctrl_c_at_start_up_ends_the_command_in_one_line_until_its_block_takes_over():
+  """A Ctrl-C while a command imported (before one_line_errors) printed a
+  KeyboardInterrupt traceback (or an extension's ImportError, or was lost in
+  use_fast_malloc's restart): end_at_interrupt ends it at once, in one line, by
+  SIGINT; inside the block the Ctrl-C is remembered and raised as before."""
+  script = ("import signal, sys\n"
+            "from transformer import runtime\n"
+            "runtime.end_at_interrupt('translate')\n"
+            "if sys.argv[1] == 'block':\n"
+            "  with runtime.one_line_errors('translate'):\n"
+            "    signal.raise_signal(signal.SIGINT)\n"
+            "    print('not here', flush=True)\n"
+            "signal.raise_signal(signal.SIGINT)\n"
+            "print('went on', flush=True)\n")
+  for where in ("start-up", "block"):
+    out = subprocess.run(_as_from_a_terminal([sys.executable, "-c", script, where]), cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.stdout == "" and out.stderr == "translate: interrupted\n", (where, out)
+    assert out.returncode == -signal.SIGINT, (where, out)
+
+
+def test_a_ctrl_c_early_in_a_command_is_one_line(tmp_path):
+  """translate (and evaluate, train.py) set end_at_interrupt before anything else
+  in __main__: a Ctrl-C during their imports is one line and status 130."""
+  env = {**os.environ, "TRANSFORMER_DEFAULT_MALLOC": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+  interrupted = 0
+  for delay in (0.4, 0.55, 0.7, 0.85):  # It ends by itself (no workdir) after ~1.6 s.
+    process = subprocess.Popen(_as_from_a_terminal(
+        [sys.executable, "-m", "transformer.translate", "--workdir", str(tmp_path)]),
+        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    if process.poll() is not None:  # Ended already (a fast machine): nothing to check.
+      continue
+    process.send_signal(signal.SIGINT)
+    interrupted += 1
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGINT and "Traceback" not in err, (delay, err)
+    assert err.splitlines()[-1] == "translate: interrupted", (delay, err[-3000:])
+  assert interrupted >= 2
 
 
 def _swallowed_ctrl_c(command, rest):

@@ -80,6 +80,10 @@ def test_unusable_workdir_is_one_line(tmp_path):
   taken.write_text("not a directory\n")
   assert_one_line(*train("--config", "configs/default.py", "--workdir", str(taken),
                          env={"TRANSFORMER_DEFAULT_MALLOC": "1"}), str(taken))
+  # An empty one (an unset "$WORKDIR") trained, or resumed, in runs/default.
+  assert_one_line(*train("--config", "configs/default.py", "--workdir", "",
+                         env={"TRANSFORMER_DEFAULT_MALLOC": "1"}),
+                  "--workdir is empty (leave the flag out for runs/<config file stem>)")
 
 
 def test_an_override_the_model_does_not_read_is_warned_of(tmp_path):

@@ -229,6 +229,10 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
     translate.run(workdir, "-", str(out), plot_attention=str(tmp_path / "none" / "a.png"))
   with pytest.raises(FileNotFoundError, match="does not exist"):
     translate.run(str(tmp_path / "none"), "-", str(out))
+  with monkeypatch.context() as patch, pytest.raises(ValueError, match=(
+      r"^--input -: stdin is closed; give the sentences on stdin or a file as --input$")):
+    patch.setattr(sys, "stdin", None)  # As Python has it where descriptor 0 is closed.
+    translate.run(workdir, "-", str(out))  # Was an AttributeError's traceback.
   with pytest.raises(ValueError, match="'.*out.txt' is the input: writing it would empty"):
     translate.run(workdir, str(out), os.path.join(str(tmp_path), ".", "out.txt"))
   # The input as the output's .partial, through a symlink, or on stdin.

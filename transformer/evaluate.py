@@ -31,6 +31,7 @@ are not directly comparable.
 
 if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   from transformer import runtime
+  runtime.end_at_interrupt("evaluate")  # A Ctrl-C at start-up: one line.
   runtime.use_fast_malloc()
 
 

@@ -251,11 +251,37 @@ def catch_interrupts() -> None:
   remembered: raised inside a callback that swallows exceptions (JAX's garbage
   collection callback prints `Exception ignored ... KeyboardInterrupt` and goes
   on), a Ctrl-C at start-up was lost, and training went on to its last step.
-  raise_lost_interrupt() raises it again. Only where Python's handler is set
-  (the main thread; training's own stop handler replaces this one meanwhile)."""
+  raise_lost_interrupt() raises it again. Only where Python's handler or
+  end_at_interrupt's is set (the main thread; training's own stop handler
+  replaces this one meanwhile)."""
   if (threading.current_thread() is threading.main_thread()
-      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+      and (signal.getsignal(signal.SIGINT) is signal.default_int_handler
+           or getattr(signal.getsignal(signal.SIGINT), "start_up", False))):
     signal.signal(signal.SIGINT, _interrupt)
+
+
+def end_at_interrupt(command: str) -> None:
+  """Until one_line_errors takes over (catch_interrupts): a Ctrl-C ends `command`
+  at once, with `{command}: interrupted`, as one_line_errors ends it. Set first
+  in a command's __main__, before use_fast_malloc's restart (a Ctrl-C just
+  before it was lost) and the imports (a KeyboardInterrupt in one was a
+  traceback, or an extension's ImportError): nothing is written yet."""
+  def handler(signum, frame):
+    del signum, frame
+    _end_interrupted(command)
+  handler.start_up = True
+  signal.signal(signal.SIGINT, handler)
+
+
+def _end_interrupted(command: str) -> None:
+  """`{command}: interrupted` on stderr, then the end by SIGINT, as Python's own
+  handling ends a process: a shell reports status 130, and a shell script or
+  loop running the command stops too."""
+  sys.stderr.write(f"{command}: interrupted\n")
+  sys.stderr.flush()
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  os.kill(os.getpid(), signal.SIGINT)
+  sys.exit(130)  # Where the signal does not end the process.
 
 
 def raise_lost_interrupt() -> None:
@@ -287,11 +313,7 @@ def one_line_errors(command: str, extra=()):
     sys.exit(f"{command}: error: {e}")
   except KeyboardInterrupt:
     absl_logging.debug("%s interrupted", command, exc_info=True)
-    sys.stderr.write(f"{command}: interrupted\n")
-    sys.stderr.flush()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-    sys.exit(130)  # Where the signal does not end the process.
+    _end_interrupted(command)
 
 
 def parse_flags(argv, command: str, config_flag: str = "config", flag_values=None):

@@ -24,6 +24,7 @@ line (plots.py).
 
 if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   from transformer import runtime
+  runtime.end_at_interrupt("translate")  # A Ctrl-C at start-up: one line.
   runtime.use_fast_malloc()
 
 
@@ -172,6 +173,9 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
   and --plot_attention, through symlinks."""
   if input_path != "-" and not os.path.exists(input_path):
     raise FileNotFoundError(f"input {input_path!r} does not exist")
+  if input_path == "-" and sys.stdin is None:  # Python's stdin where descriptor 0 is closed.
+    raise ValueError("--input -: stdin is closed; give the sentences on stdin or a file as "
+                     "--input")
   if input_path == "-" and jax.process_count() > 1:
     raise ValueError("--input -: every process of a multi-process job reads the input, and a "
                      "scheduler gives stdin to process 0 alone; give a file they all can read")
@@ -186,7 +190,7 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
     plots.figure_format(plot_attention, "--plot_attention")
   try:
     source = os.stat(input_path) if input_path != "-" else os.fstat(sys.stdin.fileno())
-  except (OSError, ValueError):  # No stdin (closed): nothing it could be.
+  except (OSError, ValueError):  # No stdin to stat (closed in Python): nothing it could be.
     source = None
   # Only a regular file can be emptied: a terminal read and written is no loss.
   for path, flag in written:
