@@ -121,6 +121,42 @@ def test_result_names_keep_different_splits_apart():
     assert re.fullmatch(r"[A-Za-z0-9._+-]+", name), name
 
 
+def test_a_json_that_cannot_be_written_keeps_the_previous_evaluation_whole(workdir,
+                                                                          monkeypatch):
+  """The hypotheses took their name before the JSON was written: where the JSON
+  could not be (a file the disk would not replace), the new hypotheses stood
+  beside the old JSON, which named them as its own. And a directory in the
+  JSON's place was found only after the whole decoding."""
+  _, path = evaluate.run(workdir, split="test[:3]", mode="greedy", limit=3)
+  stem = path[:-len(".json")]
+  with open(stem + ".txt", "w") as f:
+    f.write("the previous hypotheses\n")
+  before = open(path).read()
+  write_atomic = evaluate.files.write_atomic
+
+  def refused(target, data):
+    if target.endswith(".json"):
+      raise PermissionError(1, "Operation not permitted", target)
+    return write_atomic(target, data)
+
+  monkeypatch.setattr(evaluate.files, "write_atomic", refused)
+  with pytest.raises(PermissionError):
+    evaluate.run(workdir, split="test[:3]", mode="greedy", limit=3)
+  assert open(stem + ".txt").read() == "the previous hypotheses\n"
+  assert open(path).read() == before
+  assert not os.path.exists(stem + ".txt.previous")
+  monkeypatch.undo()
+  os.remove(path)
+  os.mkdir(path)
+  stop_at(monkeypatch, "restore")
+  try:
+    with pytest.raises(ValueError, match=re.escape(
+        f"{path} is a directory, where evaluate writes its results: move it")):
+      evaluate.run(workdir, split="test[:3]", mode="greedy", limit=3)  # Before the restore.
+  finally:
+    os.rmdir(path)
+
+
 def test_another_output_limit_does_not_replace_the_configs_evaluation(workdir):
   """--max_extra_len other than config.decode's writes a file of its own: the
   evaluation at the config's limit, which result tables read, stays."""
@@ -286,9 +322,11 @@ def test_a_refill_the_rnn_cannot_do_is_refused_before_any_work(tmp_path, monkeyp
     with pytest.raises(ValueError, match=re.escape(
         "--refill 2: model.architecture='rnn' cannot refill beam search rows")):
       evaluate.run(workdir, split="test[:40]", mode="beam", refill=2, **kw)
+  edited = rnn_workdir(tmp_path, "edited", refill=3)  # Its config.json names the field.
   with pytest.raises(ValueError, match=re.escape(
-      "config.decode.refill=3: model.architecture='rnn' cannot refill")):
-    evaluate.run(rnn_workdir(tmp_path, "edited", refill=3), mode="beam")
+      f"{edited}/config.json: config.decode.refill=3: needs a Transformer "
+      "(model.architecture='rnn': its decoding cannot restart rows)")):
+    evaluate.run(edited, mode="beam")
   with pytest.raises(Stopped):  # Off, or greedy search: the RNN decodes.
     evaluate.run(workdir, mode="beam", refill=0)
   with pytest.raises(Stopped):

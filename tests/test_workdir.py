@@ -41,6 +41,33 @@ def test_missing_workdir_or_damaged_config_is_named(tmp_path):
     evaluate.run(str(tmp_path))
 
 
+def test_a_hand_edited_config_outside_the_model_is_named_with_its_field(tmp_path):
+  """Only config.model's fields were checked: data.max_length='abc' was translate's
+  TypeError traceback, data.test_split=5 evaluate's AttributeError, and
+  train.keep_checkpoints=0 had average_checkpoints average every step. A field
+  configs/base.py no longer has (an old workdir's) is left unread, not refused."""
+  from tests.helpers import tiny_experiment  # pylint: disable=import-outside-toplevel
+  from transformer import training  # pylint: disable=import-outside-toplevel
+  training.save_config(tiny_experiment(str(tmp_path / "tfds")), str(tmp_path))
+  saved = json.loads((tmp_path / "config.json").read_text())
+  path = tmp_path / "config.json"
+  for section, field, value, error in (
+      ("data", "max_length", "abc", "config.data.max_length='abc': must be of type int"),
+      ("data", "test_split", 5, "config.data.test_split=5: must be of type str"),
+      ("train", "keep_checkpoints", 0, "config.train.keep_checkpoints=0: must be a positive "
+       "integer"),
+      ("decode", "beam_size", "four", "config.decode.beam_size='four': must be of type int"),
+      ("data", "max_length", -1, "config.data.max_length=-1: must be a positive integer")):
+    edited = json.loads(json.dumps(saved))
+    edited[section][field] = value
+    path.write_text(json.dumps(edited))
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: {error}")):
+      workdir_lib.load_config(str(tmp_path))
+  saved["decode"]["min_cache_len"] = 8  # A field since removed.
+  path.write_text(json.dumps(saved))
+  assert workdir_lib.load_config(str(tmp_path)).decode.min_cache_len == 8
+
+
 def test_a_workdir_from_before_attention_bias_loads_with_biased_projections(tmp_path):
   """A config.json written before model.attention_bias existed was trained with
   biased attention projections (Flax's default then): it loads with the field

@@ -433,6 +433,28 @@ def flatten(tree, prefix=""):
   return out
 
 
+def check_saved(values: dict) -> None:
+  """check_config of a saved config.json's values (`values`, nested dicts), each
+  put in configs/base.py's config in place of its default: a hand-edited file's
+  value of the wrong type (ConfigDict refuses it) or out of range is named now,
+  not in a traceback later. A field base lacks (one since removed) goes unread."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  for field, value in flatten(values).items():
+    *parents, name = field.split(".")
+    node = config
+    for part in parents:
+      node = node.get(part) if hasattr(node, "get") else None
+    if not hasattr(node, "keys") or name not in node.keys() or hasattr(node[name], "keys"):
+      continue
+    try:
+      node[name] = value
+    except TypeError:
+      raise ValueError(f"config.{field}={value!r}: must be of type "
+                       f"{type(node[name]).__name__}") from None
+  check_config(config)
+
+
 def resume_changes(saved: dict, current: dict):
   """(fixed, free): the fields whose values differ between the config a workdir
   was trained with and the current one (nested dicts of JSON values), as

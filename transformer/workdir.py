@@ -53,8 +53,9 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   # biased attention projections (Flax's default then).
   values.get("model", {}).setdefault("attention_bias", True)
   config = ml_collections.ConfigDict(values)
-  try:  # A hand-edited file: its model fields named now, not in a traceback later.
+  try:  # A hand-edited file: its fields named now, not in a traceback later.
     config_lib.model_config(config)
+    config_lib.check_saved(values)
   except (ValueError, TypeError, AttributeError) as e:
     raise ValueError(f"{path}: {e}") from e
   return config
