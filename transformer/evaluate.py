@@ -118,6 +118,28 @@ def search_settings(command, config, mode, beam_size=None, alpha=None, max_extra
   return settings
 
 
+def _commit_results(out, stem: str, result_json: str) -> None:
+  """Gives the hypotheses (the open_partial file `out`) their name, then writes
+  the JSON that names them; where the JSON cannot be written (its file cannot be
+  replaced), the previous hypotheses go back: the two stay of one evaluation."""
+  hypotheses, previous = stem + ".txt", stem + ".txt.previous"
+  if os.path.lexists(previous):
+    os.remove(previous)
+  try:
+    os.link(hypotheses, previous)  # Kept under a second name while the new one lands.
+  except OSError:  # None yet (or no hard links here): nothing to put back.
+    previous = None
+  try:
+    files.commit_partial(out, hypotheses)
+    files.write_atomic(stem + ".json", result_json)
+  except BaseException:
+    if previous:
+      os.replace(previous, hypotheses)
+    raise
+  if previous:
+    os.remove(previous)
+
+
 def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, alpha=None,
         max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES,
         compact=None, concurrent_batches=None, refill=None):
@@ -134,6 +156,14 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   split = split or config.data.test_split
   settings = search_settings("evaluate", config, mode, beam_size, alpha, max_extra_len, compact,
                              refill)
+  beam_size, alpha = settings["beam_size"], settings["alpha"]
+  extra = settings["max_extra_len"]
+  stem = os.path.join(workdir, result_name(
+      split, checkpoint, mode, beam_size, alpha, limit,
+      None if extra == config.decode.get("max_extra_len", extra) else extra))
+  for path in (stem + ".txt", stem + ".json"):  # Found after the decoding, it was too late.
+    if os.path.isdir(path):
+      raise ValueError(f"{path} is a directory, where evaluate writes its results: move it")
   tokenizer = workdir_lib.load_tokenizer(workdir, config)
   chunks = data_lib.iter_eval(config.data, tokenizer, split, chunk_lines, limit, field=field)
   # The first chunk first: a bad split fails before the checkpoint is read, and
@@ -151,11 +181,6 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
                                "evaluate read it: rerun")
   eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
                                       label_smoothing=config.train.label_smoothing))
-  beam_size, alpha = settings["beam_size"], settings["alpha"]
-  extra = settings["max_extra_len"]
-  stem = os.path.join(workdir, result_name(
-      split, checkpoint, mode, beam_size, alpha, limit,
-      None if extra == config.decode.get("max_extra_len", extra) else extra))
   scorer = metrics_lib.Scorer(config.data.dataset)
   timings, truncated, loss_totals, wall = collections.Counter(), collections.Counter(), None, 0.0
   # Each chunk's hypotheses are written and flushed before the next chunk is
@@ -208,8 +233,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     }
     result["signature"] = result["metrics"].get("bleu_signature")
     if out is not None:
-      files.commit_partial(out, stem + ".txt")
-      files.write_atomic(stem + ".json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+      _commit_results(out, stem, json.dumps(result, indent=2, sort_keys=True) + "\n")
   finally:
     if out is not None:
       files.close_partial(out, stem + ".txt")
