@@ -225,6 +225,21 @@ def test_a_bad_flag_is_one_line_naming_it_in_every_command(command):
       f"{name}: error: Unknown command line flag 'no_such_flag'"], out.stderr
 
 
+@pytest.mark.parametrize("command", ["-m transformer.evaluate --workdir w",
+                                     "-m transformer.translate --workdir w",
+                                     "-m transformer.average_checkpoints --workdir w",
+                                     "-m transformer.sweep --sweep s.py"])
+def test_a_stray_argument_is_one_line_in_every_command(command):
+  """absl printed its whole usage (20-69 lines) for the commands' UsageError."""
+  name = command.split()[1].split(".")[-1]
+  out = subprocess.run([sys.executable, *command.split(), "stray"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TRANSFORMER_DEFAULT_MALLOC": "1"})
+  assert out.returncode == 1 and not out.stdout
+  assert out.stderr.splitlines() == [f"{name}: error: unexpected arguments: ['stray']"], (
+      out.stderr)
+
+
 def test_no_restart_where_jax_computes_on_a_gpu_or_tpu():
   """The allocator is for XLA's CPU buffers: on a GPU (session 32's H200) every
   command restarted for nothing."""

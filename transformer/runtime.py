@@ -362,9 +362,17 @@ def parse_flags(argv, command: str, config_flag: str = "config", flag_values=Non
 
 def run(main, command: str) -> None:
   """absl's app.run(main) with parse_flags: every command's bad flag is one line
-  (absl's own parser adds a usage hint on a second)."""
+  (absl's own parser adds a usage hint on a second), and so is main's
+  app.UsageError (a stray argument), where absl prints the whole usage."""
   from absl import app  # pylint: disable=g-import-not-at-top
-  app.run(main, flags_parser=lambda argv: parse_flags(argv, command))
+
+  def one_line_usage(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      sys.exit(f"{command}: error: {e}")
+
+  app.run(one_line_usage, flags_parser=lambda argv: parse_flags(argv, command))
 
 
 def _message(error) -> str:
