@@ -27,6 +27,14 @@ def workdir(tmp_path_factory):
 def test_missing_workdir_or_damaged_config_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="does not exist"):
     evaluate.run(str(tmp_path / "nowhere"))
+  (tmp_path / "a_file").write_text("")  # Was 'does not exist'.
+  with pytest.raises(FileNotFoundError, match=r"workdir '.*a_file' is a file, not a directory"):
+    evaluate.run(str(tmp_path / "a_file"))
+  with pytest.raises(ValueError, match=r"^--split is empty \(leave the flag out for "
+                     r"config.data.test_split\)$"):  # Was the default split, silently.
+    evaluate.run(str(tmp_path), split="")
+  with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
+    evaluate.run(str(tmp_path), checkpoint="\u00b2")  # isdigit, and int() refused it.
   with pytest.raises(FileNotFoundError, match="config.json not found"):
     evaluate.run(str(tmp_path))
   (tmp_path / "config.json").write_text('{"model": ')  # Truncated.

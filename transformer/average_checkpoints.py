@@ -80,8 +80,7 @@ def average_checkpoints(workdir, last=None, mesh=None):
   base, 20 for big, as the paper averaged)."""
   if last is not None and last < 1:
     raise ValueError(f"last must be >= 1, got {last}")
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  workdir_lib.require_directory(workdir)
   if last is None:
     last = workdir_lib.load_config(workdir).train.keep_checkpoints
   # It writes the workdir, so it takes the writer's lock: never beside a training.

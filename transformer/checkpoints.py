@@ -159,7 +159,7 @@ def complete_steps(directory: str) -> list:
   directory alone: no CheckpointManager, and [] where there is no directory."""
   if not os.path.isdir(directory):
     return []
-  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+  return sorted(int(n) for n in os.listdir(directory) if n.isdecimal())
 
 
 def _abstract(tree, shardings):
@@ -176,7 +176,7 @@ def replaced_aside(directory: str) -> list:
   for name in sorted(os.listdir(directory)):
     step, _, rest = name.partition(".")
     path = os.path.join(directory, name)
-    if step.isdigit() and f".{rest}".startswith(REPLACED_SUFFIX) and os.path.isdir(path):
+    if step.isdecimal() and f".{rest}".startswith(REPLACED_SUFFIX) and os.path.isdir(path):
       found.append((int(step), path))
   return found
 

@@ -144,13 +144,14 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
         max_extra_len=None, limit=None, tokens_per_batch=None, chunk_lines=CHUNK_LINES,
         compact=None, concurrent_batches=None, refill=None):
   """Restores `workdir`, decodes and scores `split`, writes the JSON; returns (result, path)."""
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  workdir_lib.require_directory(workdir)
   workdir_lib.checkpoint_location(workdir, checkpoint)  # A bad name fails before loading.
   if limit is not None and limit < 1:
     raise ValueError(f"limit must be >= 1, got {limit}")
   if chunk_lines < 1:
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
+  if split == "":  # An unset shell variable: not the default split.
+    raise ValueError("--split is empty (leave the flag out for config.data.test_split)")
   config = workdir_lib.load_config(workdir)
   field = "--split" if split else "config.data.test_split"  # What errors name.
   split = split or config.data.test_split

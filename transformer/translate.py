@@ -208,8 +208,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   """Restores `workdir`, translates the lines of `input_path` into `output_path`
   chunk by chunk (and draws the attention plot if asked); returns the
   translations, or with collect=False (bounded memory) their number."""
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"workdir {workdir!r} does not exist")
+  workdir_lib.require_directory(workdir)
   workdir_lib.checkpoint_location(workdir, checkpoint)
   decode.check_settings(mode, temperature=temperature)  # The mode, and 0 <= temperature < inf.
   if chunk_lines < 1:

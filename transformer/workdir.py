@@ -244,9 +244,16 @@ def check_vocabulary(workdir: str, config) -> None:
         "--workdir (another vocabulary gives other ids to the pieces)")
 
 
+def require_directory(workdir: str, what: str = "workdir") -> None:
+  """A FileNotFoundError naming `workdir` where it is no directory: missing, or a file."""
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"{what} {workdir!r} " + (
+        "is a file, not a directory" if os.path.exists(workdir) else "does not exist"))
+
+
 def checkpoint_location(workdir: str, checkpoint: str = "latest"):
   """(directory, step or None for the newest) of a checkpoint name."""
-  if str(checkpoint).isdigit():
+  if str(checkpoint).isdecimal():  # Not isdigit: '²' is a digit that int() refuses.
     return os.path.join(workdir, CHECKPOINT_DIRS["latest"]), int(checkpoint)
   if checkpoint not in CHECKPOINT_DIRS:
     raise ValueError(f"checkpoint must be a step number or one of {sorted(CHECKPOINT_DIRS)}, "
