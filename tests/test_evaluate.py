@@ -145,6 +145,19 @@ def test_a_json_that_cannot_be_written_keeps_the_previous_evaluation_whole(workd
   assert open(stem + ".txt").read() == "the previous hypotheses\n"
   assert open(path).read() == before
   assert not os.path.exists(stem + ".txt.previous")
+  assert len(open(stem + ".txt.partial").read().splitlines()) == 3  # The new ones, kept.
+  os.remove(stem + ".txt.partial")
+  monkeypatch.undo()
+
+  def full(out, target):  # The hypotheses' last flush fails: no rename, no JSON.
+    raise OSError(28, "No space left on device", target)
+
+  monkeypatch.setattr(evaluate.files, "commit_partial", full)
+  with pytest.raises(OSError, match="No space left"):
+    evaluate.run(workdir, split="test[:3]", mode="greedy", limit=3)
+  assert open(stem + ".txt").read() == "the previous hypotheses\n"
+  assert open(path).read() == before and not os.path.exists(stem + ".txt.previous")
+  os.remove(stem + ".txt.partial")  # Its flush failed: kept as a stopped run leaves it.
   monkeypatch.undo()
   os.remove(path)
   os.mkdir(path)

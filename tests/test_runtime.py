@@ -97,6 +97,12 @@ def test_a_ctrl_c_at_start_up_ends_the_command_in_one_line_until_its_block_takes
                          capture_output=True, text=True)
     assert out.stdout == "" and out.stderr == "translate: interrupted\n", (where, out)
     assert out.returncode == -signal.SIGINT, (where, out)
+  # Started ignoring SIGINT (`cmd &` in a script): the Ctrl-C is the foreground's.
+  ignoring = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, "
+              "signal.SIG_IGN); os.execvp(sys.argv[1], sys.argv[1:])"]
+  out = subprocess.run([*ignoring, sys.executable, "-c", script, "block"], cwd=ROOT,
+                       capture_output=True, text=True)
+  assert out.returncode == 0 and out.stdout == "not here\nwent on\n", out
 
 
 def test_a_ctrl_c_early_in_a_command_is_one_line(tmp_path):

@@ -380,17 +380,20 @@ def test_a_variant_field_spelt_with_the_config_prefix_is_the_fields(tmp_path):
   sweep = sweep_lib.resolve(path)
   assert sweep.variants[1].error is None and sweep.variants[1].overrides == ["model.dropout=0.3"]
   assert sweep.variants[1].config.model.dropout == 0.3
+  twice = write_sweep(tmp_path, text='BASE = {base!r}\ndef get_sweep(base):\n  return [("d", '
+                      '{{"config.model.dropout": 0.3, "model.dropout": 0.2}})]\n')
+  assert sweep_lib.resolve(twice).variants[1].error.startswith("a field is given twice")
 
 
 def test_a_none_in_a_sweep_file_is_an_invalid_variant_not_a_path_named_none(tmp_path):
   """A variant's values reach train.py's command line as strings: None became the
   vocabulary path 'None', valid at --list and failing when run."""
   path = write_sweep(tmp_path, text='BASE = {base!r}\ndef get_sweep(base):\n  return [("v", '
-                     '{{"data.vocab_path": None}})]\n')
+                     '{{"data.vocab_path": None}}), ("t", {{"data.test_split": None}})]\n')
   sweep = sweep_lib.resolve(path)
-  assert sweep.variants[1].error == (
-      "config.data.vocab_path='None': is the string 'None', not None (command-line values "
-      "are strings): leave the field out to keep it None")
+  for variant, field in zip(sweep.variants[1:], ("data.vocab_path", "data.test_split")):
+    assert variant.error == (f"config.{field}: None cannot reach train.py's command line (it "
+                             "would be the string 'None'); leave the field out"), variant
 
 
 def test_the_default_workdir_keeps_a_sweep_on_another_base_apart():

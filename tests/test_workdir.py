@@ -65,13 +65,19 @@ def test_a_hand_edited_config_outside_the_model_is_named_with_its_field(tmp_path
       ("train", "keep_checkpoints", 0, "config.train.keep_checkpoints=0: must be a positive "
        "integer"),
       ("decode", "beam_size", "four", "config.decode.beam_size='four': must be of type int"),
-      ("data", "max_length", -1, "config.data.max_length=-1: must be a positive integer")):
+      ("data", "max_length", -1, "config.data.max_length=-1: must be a positive integer"),
+      ("data", "test_split", None, "config.data.test_split=None: must be of type str")):
     edited = json.loads(json.dumps(saved))
     edited[section][field] = value
     path.write_text(json.dumps(edited))
     with pytest.raises(ValueError, match="^" + re.escape(f"{path}: {error}")):
       workdir_lib.load_config(str(tmp_path))
   saved["decode"]["min_cache_len"] = 8  # A field since removed.
+  # Rules for training alone, which a run may have trained before: its workdir
+  # still evaluates, and resumes where the rule's field may change.
+  saved["model"]["architecture"], saved["data"]["batching"] = "rnn", "bucket"
+  saved["train"]["mesh"] = "data=1,model=2"
+  saved["data"]["target_lang"] = saved["data"]["source_lang"] = "en"
   path.write_text(json.dumps(saved))
   assert workdir_lib.load_config(str(tmp_path)).decode.min_cache_len == 8
 

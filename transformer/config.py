@@ -282,10 +282,14 @@ def check_known_fields(config) -> None:
                          "such field)" + (f"; did you mean {path}.{near[0]}?" if near else ""))
 
 
-def check_config(config) -> None:
-  """Checks the fields outside `config.model`; raises ValueError naming the field."""
+def check_config(config, trained: bool = False) -> None:
+  """Checks the fields outside `config.model`; raises ValueError naming the field.
+  `trained`: a trained workdir's config (check_saved), read to evaluate, decode or
+  average: the rules for training alone (the languages' pairing, packed budgets,
+  positions for max_length, the mesh) are the training run's, which may predate them."""
   check_sections(config, "the config")
-  check_known_fields(config)
+  if not trained:
+    check_known_fields(config)
 
   def value(field):
     node = config
@@ -314,7 +318,7 @@ def check_config(config) -> None:
           "values are strings): leave the field out to keep it None")
   check(config.data.batching in BATCHING, "data.batching", f"must be one of {BATCHING}")
   # SCAN's pairs are commands and actions, whatever the languages say.
-  check(config.data.dataset.startswith("scan/")
+  check(trained or config.data.dataset.startswith("scan/")
         or config.data.target_lang != config.data.source_lang, "data.target_lang",
         "is data.source_lang too: the pairs would be each sentence with itself")
   check(config.data.overlong in OVERLONG, "data.overlong", f"must be one of {OVERLONG}")
@@ -333,7 +337,7 @@ def check_config(config) -> None:
   check(config.data.pack_source_length >= 0, "data.pack_source_length",
         "must be >= 0 (0 = pack_length)")
   check(config.data.max_length >= 2, "data.max_length", "must be >= 2 (one token plus EOS)")
-  if config.data.batching == "pack":  # Known before the data is read (buckets are not).
+  if config.data.batching == "pack" and not trained:  # Known before the data is read.
     row = max(config.data.pack_length, config.data.pack_source_length)
     least = row * config.train.grad_accum_steps
     check(config.data.tokens_per_batch >= least, "data.tokens_per_batch",
@@ -341,7 +345,8 @@ def check_config(config) -> None:
           f"data.pack_source_length) for each of the train.grad_accum_steps="
           f"{config.train.grad_accum_steps} micro-batches: must be >= {least}")
   # Batches are as wide as the longest bucket: max_length rounded up to 8.
-  check(-(-config.data.max_length // 8) * 8 <= config.model.max_len, "data.max_length",
+  check(trained or -(-config.data.max_length // 8) * 8 <= config.model.max_len,
+        "data.max_length",
         f"rounded up to a multiple of 8 (the widest batch) must be <= "
         f"model.max_len={config.model.max_len}, the positions the model has")
   check(config.decode.get("tokens_per_batch", 0) >= 0, "decode.tokens_per_batch",
@@ -373,10 +378,11 @@ def check_config(config) -> None:
   for field in ("optim.weight_decay", "optim.grad_clip_norm"):
     check(value(field) >= 0, field, "must be >= 0 (0 = off)")
   # Packed rows need segment masks; a recurrence would carry its state across them.
-  check(not (config.data.batching == "pack" and architecture == "rnn"), "data.batching",
+  check(trained or not (config.data.batching == "pack" and architecture == "rnn"),
+        "data.batching",
         "config.model.architecture='rnn' does not support packed rows; use 'bucket'")
   mesh = parse_mesh(config.train.get("mesh", DEFAULT_MESH))
-  if mesh["model"] != -1:  # A -1 axis is sized, and checked, once the devices are known.
+  if mesh["model"] != -1 and not trained:  # A -1 axis is sized, and checked, at training.
     check_model_axis(config, mesh["model"])
   model_config(config)  # The model fields check themselves.
 
@@ -434,10 +440,11 @@ def flatten(tree, prefix=""):
 
 
 def check_saved(values: dict) -> None:
-  """check_config of a saved config.json's values (`values`, nested dicts), each
-  put in configs/base.py's config in place of its default: a hand-edited file's
-  value of the wrong type (ConfigDict refuses it) or out of range is named now,
-  not in a traceback later. A field base lacks (one since removed) goes unread."""
+  """check_config(trained=True) of a saved config.json's values (`values`, nested
+  dicts), each put in configs/base.py's config in place of its default: a
+  hand-edited file's value of the wrong type (ConfigDict refuses it; a None where
+  base has a value) or out of range is named now, not in a traceback later. A
+  field base lacks (one since removed) goes unread."""
   from configs import base  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   for field, value in flatten(values).items():
@@ -448,11 +455,13 @@ def check_saved(values: dict) -> None:
     if not hasattr(node, "keys") or name not in node.keys() or hasattr(node[name], "keys"):
       continue
     try:
+      if value is None and node[name] is not None:  # ConfigDict takes None anywhere.
+        raise TypeError
       node[name] = value
     except TypeError:
       raise ValueError(f"config.{field}={value!r}: must be of type "
                        f"{type(node[name]).__name__}") from None
-  check_config(config)
+  check_config(config, trained=True)
 
 
 def resume_changes(saved: dict, current: dict):

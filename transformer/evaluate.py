@@ -121,9 +121,10 @@ def search_settings(command, config, mode, beam_size=None, alpha=None, max_extra
 def _commit_results(out, stem: str, result_json: str) -> None:
   """Gives the hypotheses (the open_partial file `out`) their name, then writes
   the JSON that names them; where the JSON cannot be written (its file cannot be
-  replaced), the previous hypotheses go back: the two stay of one evaluation."""
+  replaced), the previous hypotheses go back and the new ones to their .partial
+  file, as a stopped run leaves them: the two files stay of one evaluation."""
   hypotheses, previous = stem + ".txt", stem + ".txt.previous"
-  if os.path.lexists(previous):
+  if os.path.isfile(previous) or os.path.islink(previous):
     os.remove(previous)
   try:
     os.link(hypotheses, previous)  # Kept under a second name while the new one lands.
@@ -133,7 +134,10 @@ def _commit_results(out, stem: str, result_json: str) -> None:
     files.commit_partial(out, hypotheses)
     files.write_atomic(stem + ".json", result_json)
   except BaseException:
-    if previous:
+    if previous and os.path.samefile(previous, hypotheses):  # Not renamed: still the old.
+      os.remove(previous)
+    elif previous:
+      os.replace(hypotheses, hypotheses + files.PARTIAL_SUFFIX)
       os.replace(previous, hypotheses)
     raise
   if previous:
@@ -162,7 +166,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   stem = os.path.join(workdir, result_name(
       split, checkpoint, mode, beam_size, alpha, limit,
       None if extra == config.decode.get("max_extra_len", extra) else extra))
-  for path in (stem + ".txt", stem + ".json"):  # Found after the decoding, it was too late.
+  for path in (stem + ".txt", stem + ".json", stem + ".txt.previous"):  # After decoding: late.
     if os.path.isdir(path):
       raise ValueError(f"{path} is a directory, where evaluate writes its results: move it")
   tokenizer = workdir_lib.load_tokenizer(workdir, config)

@@ -265,7 +265,12 @@ def end_at_interrupt(command: str) -> None:
   at once, with `{command}: interrupted`, as one_line_errors ends it. Set first
   in a command's __main__, before use_fast_malloc's restart (a Ctrl-C just
   before it was lost) and the imports (a KeyboardInterrupt in one was a
-  traceback, or an extension's ImportError): nothing is written yet."""
+  traceback, or an extension's ImportError): nothing is written yet. Only where
+  Python's handler is set: a SIGINT the command was started ignoring (`cmd &`
+  in a script) stays ignored."""
+  if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    return
+
   def handler(signum, frame):
     del signum, frame
     _end_interrupted(command)

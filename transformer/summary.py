@@ -69,6 +69,9 @@ def main(argv):
       if vocab_size:
         print(f"Embeddings at the vocabulary of data.vocab_path={config.data.vocab_path}: "
               f"{vocab_size} ids")
+      elif config.data.get("vocab_path"):  # Training would stop on it, naming the field.
+        print(f"Embeddings at data.vocab_size={config.data.vocab_size}: data.vocab_path="
+              f"{config.data.vocab_path} is no readable vocabulary")
       else:
         print(f"Embeddings at data.vocab_size={config.data.vocab_size} (a trained word "
               "vocabulary can hold fewer: --workdir counts a trained model)")

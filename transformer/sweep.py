@@ -221,9 +221,17 @@ def resolve(path: str, base: Optional[str] = None, sets=()) -> Sweep:
     if why:
       raise ValueError(f"{path}: variant name {name!r} is {why}")
     names.add(name)
-    overrides = {field_of(k): v for k, v in overrides.items()}
-    variant = Variant(name, [f"{k}={v}" for k, v in overrides.items()])  # True -> "True".
-    try:
+    fields = [field_of(k) for k in overrides]
+    variant = Variant(name, [f"{k}={v}" for k, v in zip(fields, overrides.values())])
+    try:  # Its values reach train.py's command line as strings (True -> "True").
+      if len(set(fields)) < len(fields):
+        raise ValueError(f"a field is given twice (with and without 'config.'): "
+                         f"{sorted(overrides)}")
+      none = [k for k, v in overrides.items() if v is None]
+      if none:
+        raise ValueError(f"config.{field_of(none[0])}: None cannot reach train.py's command "
+                         "line (it would be the string 'None'); leave the field out")
+      overrides = dict(zip(fields, overrides.values()))
       for field in overrides:
         if _unknown_field(base_config, field):
           raise ValueError(f"config.{field}: unknown field (not in {base})")
@@ -313,7 +321,7 @@ def twins(sweep: Sweep) -> dict:
 
 
 def describe(sweep: Sweep) -> str:
-  """The --list table: variants, parameters (at data.vocab_size) and overrides,
+  """The --list table: variants, parameters (results.count_parameters) and overrides,
   twins named; invalid variants with their reason."""
   lines = [f"{sweep.path} on {sweep.base}: {len(sweep.valid)} valid variants of "
            f"{len(sweep.variants)}" + (f"; every variant: {' '.join(sweep.sets)}"

@@ -325,7 +325,9 @@ def steps_ahead() -> int:
   A stop signal waits for them. A CPU step takes 0.1 s to seconds, and one step
   queued keeps the cores busy. A GPU or TPU step can take milliseconds, less than
   the host's jitter between steps: four queued keep the device busy through it
-  and add only milliseconds to a stop (benchmarks/README.md, session 37).
+  and add four steps' time to a stop (milliseconds there; a second or two for
+  the largest models, inside a scheduler's grace period; benchmarks/README.md,
+  session 37).
   """
   return 1 if jax.default_backend() == "cpu" else 4
 

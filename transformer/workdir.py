@@ -67,7 +67,8 @@ class ConfigMismatchError(runtime.CommandError):
 
 # What the in-training decode score, which picks the best checkpoint, is measured on.
 SCORE_FIELDS = ("train.decode_mode", "train.decode_examples", "data.eval_split",
-                "decode.beam_size", "decode.alpha", "decode.max_extra_len")
+                "decode.beam_size", "decode.alpha", "decode.max_extra_len",
+                "model.max_len")  # Decoding's output limit is within max_len too.
 BEAM_SCORE_FIELDS = ("decode.beam_size", "decode.alpha")  # Greedy search reads neither.
 
 # What a trained vocabulary depends on besides its own fields: the text it was
