@@ -78,13 +78,11 @@ def with_decode(config, fields, text):
 def check_variant(config, mode, text):
   """A ValueError naming --variant `text` for a config.decode setting out of range:
   the search settings as evaluate checks its flags (refill by architecture too),
-  the rest as config.check_config checks config.decode at training."""
+  the rest as a workdir's config.json is checked (config.check_saved: a decode
+  field since removed, which an older workdir may hold, goes unread)."""
   try:
     evaluate.search_settings("decode_ab", config, mode)
-    reference = base_config.get_config()  # Valid outside config.decode.
-    # A workdir of an older version may hold a decode field since removed.
-    reference.decode.update({k: v for k, v in config.decode.items() if k in reference.decode})
-    config_lib.check_config(reference)
+    config_lib.check_saved(config.to_dict())
   except ValueError as e:
     raise ValueError(f"--variant {text!r}: {runtime.first_line(e)}") from None
 
