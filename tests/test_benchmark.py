@@ -181,6 +181,29 @@ def test_bfloat16_packed_smoke_runs_both_sides_in_bfloat16_ours_packed(tmp_path)
         printed.getvalue())
 
 
+def _topped_up(batch):
+  return bool((batch["targets"] == 0).all(axis=1).any())  # An all-PAD row.
+
+
+def test_timed_batches_are_full_ones_not_a_bucket_s_last_topped_up_with_pad_rows():
+  """At 25k tokens the first four bucketed batches of 20,000 synthetic
+  sentences held one 96% padding (the GPU runs of sessions 25-33 timed PyTorch
+  on it); the timed batches are the epoch's full ones, and the default corpus
+  grows with the batch."""
+  size = dataclasses.replace(common.SIZES["base"], tokens_per_batch=25000)
+  for examples in (common.synthetic_examples(size, count=20000),
+                   common.synthetic_examples(size)):
+    for batching in ("bucket", "pack"):
+      batches = common.timed_batches(size, examples, 4, batching=batching)
+      assert len(batches) == 4 and not any(map(_topped_up, batches)), batching
+  assert len(common.synthetic_examples(size)) == 100000
+  assert len(common.synthetic_examples(common.SIZES["base"])) == 20000  # 4,096 tokens.
+  # A corpus with too few full batches: topped-up ones make up the count.
+  few = common.synthetic_examples(size, count=3000)
+  batches = common.timed_batches(size, few, 6)
+  assert len(batches) == 6 and any(map(_topped_up, batches))
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (requirements-bench.txt)")
 def test_pytorch_warms_up_on_every_batch_shape_as_ours_compiles_each(monkeypatch):
   from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
