@@ -174,6 +174,10 @@ def timed_batches(size: Size, examples, count, seed=0, batching="bucket"):
     if len(full) == count:
       return full
   batches = (full + topped_up)[:count]
+  print(f"Timed batches: an epoch of {len(examples)} examples has {len(full)} full batches "
+        f"of {size.tokens_per_batch} tokens ({batching}): the {count} timed include batches "
+        "topped up with all-PAD rows (a larger corpus avoids them).",
+        flush=True)
   return batches + [next(it) for _ in range(count - len(batches))]
 
 

@@ -185,7 +185,7 @@ def _topped_up(batch):
   return bool((batch["targets"] == 0).all(axis=1).any())  # An all-PAD row.
 
 
-def test_timed_batches_are_full_ones_not_a_bucket_s_last_topped_up_with_pad_rows():
+def test_timed_batches_are_full_ones_not_a_bucket_s_last_topped_up_with_pad_rows(capsys):
   """At 25k tokens the first four bucketed batches of 20,000 synthetic
   sentences held one 96% padding (the GPU runs of sessions 25-33 timed PyTorch
   on it); the timed batches are the epoch's full ones, and the default corpus
@@ -202,6 +202,7 @@ def test_timed_batches_are_full_ones_not_a_bucket_s_last_topped_up_with_pad_rows
   few = common.synthetic_examples(size, count=3000)
   batches = common.timed_batches(size, few, 6)
   assert len(batches) == 6 and any(map(_topped_up, batches))
+  assert "an epoch of 3000 examples has" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (requirements-bench.txt)")
