@@ -387,6 +387,28 @@ def test_command_streams_each_line_as_it_arrives(workdir):
   assert answers[1] == "\n" and all(a.endswith("\n") and a.strip() for a in answers[::2])
 
 
+def test_a_reader_that_leaves_ends_the_command_by_sigpipe_without_a_word(workdir, tmp_path):
+  """`translate | head -1`: the write after head has gone raised BrokenPipeError,
+  reported as `translate: error: [Errno 32] Broken pipe`, status 1. A filter
+  whose reader leaves ends by SIGPIPE, silently, as a C filter does."""
+  import signal  # pylint: disable=g-import-not-at-top
+  src = tmp_path / "in.txt"
+  src.write_text("walk twice\n" * 400)
+  process = subprocess.Popen(
+      [sys.executable, "-m", "transformer.translate", "--workdir", workdir, "--mode", "greedy",
+       "--chunk_lines", "5", "--input", str(src)], cwd=ROOT, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  try:
+    assert process.stdout.readline().strip()
+    process.stdout.close()  # The reader leaves, as head does.
+    assert process.wait(timeout=240) == -signal.SIGPIPE
+    stderr = process.stderr.read()
+  finally:
+    process.kill()
+  assert not [l for l in stderr.splitlines() if "error" in l.lower() or "Traceback" in l
+              or "Exception" in l], stderr
+
+
 def test_line_ends_in_cr_alone_are_refused_and_bad_bytes_warned_of(workdir, tmp_path, capsys):
   """CR line ends made the whole file one line (one output for three inputs),
   which the training data's reader refuses; bad UTF-8 bytes were replaced

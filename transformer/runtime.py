@@ -289,6 +289,30 @@ def _end_interrupted(command: str) -> None:
   sys.exit(130)  # Where the signal does not end the process.
 
 
+def stdout_reader_gone() -> bool:
+  """Whether stdout is a pipe (or socket) whose reading end is closed: `translate |
+  head -1` once head has its line. Only then is a BrokenPipeError the reader's
+  choice rather than a fault."""
+  import select  # pylint: disable=g-import-not-at-top
+  try:
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+  except (AttributeError, OSError, ValueError):  # No file descriptor (a StringIO).
+    return False
+
+
+def _end_reader_gone() -> None:
+  """Ends as a C filter ends when its reader leaves: by SIGPIPE, with no message
+  (a shell reports 141, and `set -o pipefail` sees it). stdout is pointed at
+  /dev/null first, so the interpreter's last flush has nothing to complain of."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())
+  signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+  os.kill(os.getpid(), signal.SIGPIPE)
+  sys.exit(141)  # Where the signal does not end the process.
+
+
 def raise_lost_interrupt() -> None:
   """KeyboardInterrupt where a SIGINT came and this code still runs: its
   exception was swallowed where it was raised (catch_interrupts)."""
@@ -306,8 +330,9 @@ def one_line_errors(command: str, extra=()):
   stop request) is `{command}: interrupted`, also where its exception was
   swallowed (raise_lost_interrupt at the block's end), and the process then ends by
   SIGINT, as Python's own handling ends it: a shell reports status 130, and a
-  shell script or loop running the command stops too. What the command wrote
-  is kept as it left it."""
+  shell script or loop running the command stops too. A write to a stdout whose
+  reader has gone (`translate | head`) ends the process by SIGPIPE, silently,
+  as a C filter ends. What the command wrote is kept as it left it."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   catch_interrupts()
   try:
@@ -315,6 +340,8 @@ def one_line_errors(command: str, extra=()):
     raise_lost_interrupt()  # Swallowed where it was raised: the command still ends by it.
   except ONE_LINE_ERRORS + tuple(extra) as e:
     absl_logging.debug("%s stopped on", command, exc_info=True)
+    if isinstance(e, BrokenPipeError) and stdout_reader_gone():
+      _end_reader_gone()
     sys.exit(f"{command}: error: {e}")
   except KeyboardInterrupt:
     absl_logging.debug("%s interrupted", command, exc_info=True)
