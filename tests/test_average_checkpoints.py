@@ -77,6 +77,31 @@ def test_rerun_replaces_the_average_and_leaves_no_debris(workdir):
       "checkpoints", "checkpoints_averaged"]
 
 
+def test_a_file_or_a_link_where_the_average_goes(workdir, tmp_path):
+  """A file named checkpoints_averaged was renamed aside, replaced, and left as
+  checkpoints_averaged.old<pid> (rmtree cannot remove a file): it is refused,
+  kept as it was. A link to a directory is replaced; the linked directory stays."""
+  path = workdir[0]
+  final = os.path.join(path, "checkpoints_averaged")
+  debris = lambda: sorted(n for n in os.listdir(path) if n.startswith("checkpoints_averaged."))
+  average_checkpoints(path, last=1)
+  os.rename(final, tmp_path / "elsewhere")
+  try:
+    with open(final, "w") as f:
+      f.write("notes")
+    with pytest.raises(ValueError, match="checkpoints_averaged is a file, not a directory"):
+      average_checkpoints(path, last=1)
+    assert open(final).read() == "notes" and not debris()
+    os.remove(final)
+    os.symlink(tmp_path / "elsewhere", final)
+    assert average_checkpoints(path, last=2) == (20, [10, 20])
+    assert os.path.isdir(final) and not os.path.islink(final) and not debris()
+    assert "averaged.json" in os.listdir(tmp_path / "elsewhere")  # Untouched.
+  finally:
+    if os.path.lexists(final) and not os.path.isdir(final) or os.path.islink(final):
+      os.remove(final)
+
+
 def test_too_few_checkpoints_or_no_workdir_is_named(workdir, tmp_path):
   path = workdir[0]
   with pytest.raises(ValueError, match=r"last 3 checkpoints, but .* has 2 \(steps \[10, 20\]\)"):

@@ -54,10 +54,18 @@ def _replace_dir(new, final):
   `final` but the previous one as FINAL.old<pid>, which readers use
   (workdir.checkpoint_location) and the next run puts back (_recover)."""
   old = f"{final}{OLD_INFIX}{os.getpid()}"
-  if os.path.exists(final):
+  if os.path.lexists(final):
     os.rename(final, old)
   os.rename(new, final)
-  shutil.rmtree(old, ignore_errors=True)
+  _remove(old)
+
+
+def _remove(path):
+  """Removes a previous average: a directory, or a link to one (only the link)."""
+  if os.path.islink(path):
+    os.remove(path)
+  else:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _recover(final):
@@ -65,12 +73,12 @@ def _recover(final):
   replaced; removes those it had replaced. (Its unfinished new average, in
   FINAL.tmp, goes before the next one is written.)"""
   moved = sorted(glob.glob(glob.escape(final) + OLD_INFIX + "*"), key=os.path.getmtime)
-  if moved and not os.path.exists(final):
+  if moved and not os.path.lexists(final):
     logging.warning("Restoring the previous average %s from %s (an averaging was killed "
                     "while replacing it).", final, moved[-1])
     os.rename(moved.pop(), final)
   for path in moved:
-    shutil.rmtree(path, ignore_errors=True)
+    _remove(path)
 
 
 def average_checkpoints(workdir, last=None, mesh=None):
@@ -89,8 +97,12 @@ def average_checkpoints(workdir, last=None, mesh=None):
 
 
 def _average(workdir, last, mesh):
+  final = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"])
+  if os.path.lexists(final) and not os.path.isdir(final):  # Not ours to replace.
+    raise ValueError(f"{final} is a file, not a directory of averaged checkpoints: move it "
+                     "away and rerun (nothing was averaged)")
   if jax.process_index() == 0:
-    _recover(os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"]))
+    _recover(final)
   opened = workdir_lib.open_workdir(workdir, mesh)
   source, _ = opened.checkpoints("latest")
   steps = source.steps()
@@ -118,7 +130,6 @@ def _average(workdir, last, mesh):
   # The newest checkpoint's step, optimizer state, rng and data position.
   averaged = newest["state"].replace(params=params)
 
-  final = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"])
   # One name in every process of a multi-process job: they write one checkpoint.
   # (Not a files.temporary_path: the lock's clean-up never takes it for a dead writer's;
   # process 0 removes a killed run's before anyone writes.)
