@@ -76,6 +76,37 @@ class UnreadableCheckpointError(runtime.CommandError):
   """The checkpoint asked for, or every checkpoint there is, cannot be read."""
 
 
+class MismatchedCheckpointError(runtime.CommandError):
+  """A checkpoint's arrays have other shapes than the model built to restore it:
+  the vocabulary or the model's config changed, not the files."""
+
+
+# Orbax's message where a stored array's shape is not the one asked for.
+_SHAPE_MISMATCH = re.compile(r"Requested shape: (\([0-9, ]*\)) is not compatible with the "
+                             r"stored shape: (\([0-9, ]*\))")
+
+
+def _mismatch(reason: str, candidate: int, directory: str, target) -> None:
+  """MismatchedCheckpointError where `reason` is Orbax's shape mismatch, naming the
+  model's arrays of the shape asked for. Not an unreadable checkpoint: every
+  older one has the same shapes, and none is set aside."""
+  found = _SHAPE_MISMATCH.search(reason)
+  if not found:
+    return
+  wanted, stored = found.groups()
+  names = [jax.tree_util.keystr(path, simple=True, separator="/")
+           for path, leaf in jax.tree_util.tree_leaves_with_path(target)
+           if str(tuple(leaf.shape)) == wanted]
+  names = [n for n in names if n.startswith("params/")] or names  # Not their optimizer moments.
+  raise MismatchedCheckpointError(
+      f"checkpoint {candidate} in {directory} does not fit the model built to restore it: "
+      f"it stores {stored} where the model has {wanted}"
+      + (f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" if names else "")
+      + ". The vocabulary (its size sets the embeddings' rows) or config.model changed "
+      "since it was saved: put back the vocabulary and config.json it was trained with "
+      "(nothing was changed there)")
+
+
 
 
 def _first_line(error: Exception) -> str:
@@ -458,6 +489,8 @@ class Checkpointer:
       # Each process reads only its own shards: all take a step that any of
       # them could not read as unreadable, before the checksums' collective.
       reason = _agreed_failure(error)
+      if reason is not None:
+        _mismatch(reason, candidate, self.directory, target)
       if reason is None and checked:
         try:  # The same outcome in every process: global checksums, one saved file.
           checksums.check(restored.state, restored.data, restored.checksums)
