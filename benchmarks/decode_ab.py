@@ -31,9 +31,8 @@ if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
 
 from benchmarks import common  # pylint: disable=g-import-not-at-top
 from configs import base as base_config  # pylint: disable=g-import-not-at-top
-from transformer import config as config_lib  # pylint: disable=g-import-not-at-top
 from transformer import data as data_lib  # pylint: disable=g-import-not-at-top
-from transformer import evaluate, inference, runtime  # pylint: disable=g-import-not-at-top
+from transformer import evaluate, inference, runtime, saved_config  # pylint: disable=g-import-not-at-top
 from transformer import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
 
 
@@ -78,11 +77,11 @@ def with_decode(config, fields, text):
 def check_variant(config, mode, text):
   """A ValueError naming --variant `text` for a config.decode setting out of range:
   the search settings as evaluate checks its flags (refill by architecture too),
-  the rest as a workdir's config.json is checked (config.check_saved: a decode
+  the rest as a workdir's config.json is checked (saved_config.check_saved: a decode
   field since removed, which an older workdir may hold, goes unread)."""
   try:
     evaluate.search_settings("decode_ab", config, mode)
-    config_lib.check_saved(config.to_dict())
+    saved_config.check_saved(config.to_dict())
   except ValueError as e:
     raise ValueError(f"--variant {text!r}: {runtime.first_line(e)}") from None
 

@@ -17,7 +17,7 @@ from tests import process_helpers as ph
 from tests.helpers import tiny_experiment
 from transformer import checkpoints, files, lock, training
 from transformer import workdir as workdir_lib
-from transformer.config import resume_changes
+from transformer.saved_config import resume_changes
 from transformer.data import tokenizer as tokenizer_lib
 
 

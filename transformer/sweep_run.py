@@ -20,7 +20,8 @@ from absl import logging
 
 from transformer import launch, lock, preemption, results
 from transformer import workdir as workdir_lib
-from transformer.config import load_file, resume_changes
+from transformer.config import load_file
+from transformer.saved_config import resume_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

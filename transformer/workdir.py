@@ -20,6 +20,7 @@ import ml_collections
 
 from transformer import checkpoints, distributed, files, runtime, sharding, state as state_lib
 from transformer import config as config_lib
+from transformer import saved_config
 from transformer import metrics as metrics_lib
 from transformer.data import tokenizer as tokenizer_lib
 
@@ -55,7 +56,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict(values)
   try:  # A hand-edited file: its fields named now, not in a traceback later.
     config_lib.model_config(config)
-    config_lib.check_saved(values)
+    saved_config.check_saved(values)
   except (ValueError, TypeError, AttributeError) as e:
     raise ValueError(f"{path}: {e}") from e
   return config
@@ -101,7 +102,7 @@ def holds_training(workdir: str) -> bool:
 
 def check_resume_config(workdir: str, config) -> None:
   """Stops a run on `workdir` whose `config` changes a field its vocabulary or
-  checkpoints depend on (config.FIXED_ON_RESUME: shapes, vocabulary, data order),
+  checkpoints depend on (saved_config.FIXED_ON_RESUME: shapes, vocabulary, data order),
   naming each such field; logs the fields that may change (num_steps, cadences).
   A workdir without vocabulary or checkpoints yet has nothing to disagree with;
   one with a vocabulary alone (a run that stopped before its first checkpoint)
@@ -126,11 +127,11 @@ def check_resume_config(workdir: str, config) -> None:
   if not (has_checkpoints or has_vocabulary) or not has_config:
     return
   saved = load_config(workdir).to_dict()
-  fixed, free = config_lib.resume_changes(
+  fixed, free = saved_config.resume_changes(
       saved, json.loads(config.to_json_best_effort()))
   if not has_checkpoints:
     fixed = [change for change in fixed
-             if change[3] == config_lib.VOCABULARY_REASON or change[0] in VOCABULARY_TEXT]
+             if change[3] == saved_config.VOCABULARY_REASON or change[0] in VOCABULARY_TEXT]
     fixed += _text_moved(workdir, saved, config)
   if fixed:
     untrained = "" if has_checkpoints else (
