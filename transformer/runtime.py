@@ -289,7 +289,7 @@ def _end_interrupted(command: str) -> None:
   sys.exit(130)  # Where the signal does not end the process.
 
 
-def stdout_reader_gone() -> bool:
+def _stdout_reader_gone() -> bool:
   """Whether stdout is a pipe (or socket) whose reading end is closed: `translate |
   head -1` once head has its line. Only then is a BrokenPipeError the reader's
   choice rather than a fault."""
@@ -340,7 +340,7 @@ def one_line_errors(command: str, extra=()):
     raise_lost_interrupt()  # Swallowed where it was raised: the command still ends by it.
   except ONE_LINE_ERRORS + tuple(extra) as e:
     absl_logging.debug("%s stopped on", command, exc_info=True)
-    if isinstance(e, BrokenPipeError) and stdout_reader_gone():
+    if isinstance(e, BrokenPipeError) and _stdout_reader_gone():
       _end_reader_gone()
     sys.exit(f"{command}: error: {e}")
   except KeyboardInterrupt:
