@@ -18,6 +18,9 @@ def get_config():
   config.model.num_layers = 1  # One bidirectional encoder layer, one decoder layer (RNNsearch).
   config.model.d_model = 128  # Embeddings and decoder state; 64 units a direction.
   config.model.dropout = 0.1
+  # Kept from the Transformer's config, which neither RNN paper had: one embedding
+  # matrix for source and target, also the output projection (share_embeddings,
+  # tie_output).
 
   # A recurrence carries its state from one token to the next, so packed rows (several
   # examples a row) are not possible: batches are rows of about the same length.

@@ -202,7 +202,7 @@ def test_summary_table_rows_add_up():
     ("norm_position", "middle", "config.model.norm_position"),
     ("dtype", "float16", "config.model.dtype"),
     ("attention_score", "cosine", "config.model.attention_score='cosine'"),
-    ("eos_id", 0, "config.model.eos_id=0: must differ from pad_id"),
+    ("eos_id", 0, "config.model.eos_id=0: not a setting"),  # The vocabulary's (below).
 ])
 def test_bad_model_values_name_the_field(field, value, message):
   config = base.get_config()
@@ -309,6 +309,20 @@ def test_a_packed_batch_under_one_row_per_micro_batch_is_refused_before_the_data
 def test_unknown_model_field_is_an_error():
   with pytest.raises(ValueError, match="unknown fields"):
     ModelConfig.from_config({"d_model": 8, "num_hedas": 2})
+
+
+def test_the_vocabulary_s_ids_and_size_are_no_model_settings():
+  """config.model.pad_id=4 in a config file passed the checks while the data
+  padded with 0 and the searches banned 0: an RNN then counted padding as words
+  (its logits moved 0.2 with six PAD columns). A vocabulary size there was
+  overwritten without a word."""
+  for name, value in (("pad_id", 4), ("bos_id", 1), ("eos_id", 2), ("input_vocab_size", 40),
+                      ("output_vocab_size", 40)):
+    config = default.get_config()
+    config.model[name] = value
+    with pytest.raises(ValueError, match=rf"config.model.{name}={value}: not a setting"):
+      check_config(config)
+  assert ModelConfig.from_config({}, input_vocab_size=40, output_vocab_size=40).input_vocab_size == 40  # The code sets them.
 
 
 def test_old_attention_type_key_still_loads():

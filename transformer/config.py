@@ -132,6 +132,16 @@ _FIELD_TYPES = {int: ("an integer", lambda x: isinstance(x, numbers.Integral)
                 str: ("a string", lambda x: isinstance(x, str))}
 
 
+# ModelConfig's fields that come from the vocabulary, not from config.model.
+NOT_SETTINGS = {
+    **dict.fromkeys(("input_vocab_size", "output_vocab_size"),
+                    "the vocabulary's size sets it (data.vocab_size, or data.vocab_path's file)"),
+    **dict.fromkeys(("pad_id", "bos_id", "eos_id"),
+                    "the vocabulary reserves ids 0-3 for PAD, UNK, BOS and EOS, which the "
+                    "data pipeline and the searches use"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyperparameters of the Transformer; defaults are the paper's base model."""
@@ -227,6 +237,9 @@ class ModelConfig:
     """Builds a ModelConfig from `config.model` (a ConfigDict or dict)."""
     values = dict(model_config.to_dict() if hasattr(model_config, "to_dict")
                   else model_config)
+    for name, why in NOT_SETTINGS.items():  # The data pipeline and search would not follow.
+      if name in values:
+        raise ValueError(f"config.model.{name}={values[name]!r}: not a setting: {why}")
     values.update(overrides)
     # Older workdirs' config.json: attention_type, the never-read field this replaced.
     values.setdefault("attention_score", values.pop("attention_type", "scaled_dot"))
