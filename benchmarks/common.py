@@ -130,30 +130,47 @@ def train_batches(size: Size, examples, seed=0, batching="bucket"):
                                pack_length=size.max_length if batching == "pack" else None)
 
 
+def topped_up(batch) -> bool:
+  """Whether `batch` is a bucket's (or the packed rows') last of an epoch, topped
+  up with all-PAD rows to its shape's row count."""
+  return bool((batch["targets"] == PAD_ID).all(axis=1).any())
+
+
 def epoch_stats(size: Size, examples, batching="bucket"):
-  """Padding and shapes over one whole epoch of the pipeline (numpy only, no model)."""
+  """Padding and shapes over one whole epoch of the pipeline (numpy only, no
+  model), and the same over its full batches ("full_*", "first_of_shape"): what
+  the epoch mix times (epoch_tokens_per_s)."""
   it = train_batches(size, examples, batching=batching)
-  slots = real_src = real_tgt = 0
-  counts, first = {}, {}  # Per target shape: its batches in the epoch, the first of them.
+  slots = real_src = real_tgt = full_real_tgt = 0
+  counts, full_counts, first = {}, {}, {}  # Per target shape: batches; full ones; the first.
   for _ in range(it.num_batches(0)):
     b = next(it)
-    counts[b["targets"].shape] = counts.get(b["targets"].shape, 0) + 1
-    first.setdefault(b["targets"].shape, b)
+    shape = b["targets"].shape
+    counts[shape] = counts.get(shape, 0) + 1
     slots += b["targets"].size
     real_src += int(np.count_nonzero(b["inputs"]))
     real_tgt += int(np.count_nonzero(b["targets"]))
+    if not topped_up(b):
+      full_counts[shape] = full_counts.get(shape, 0) + 1
+      full_real_tgt += int(np.count_nonzero(b["targets"]))
+      first.setdefault(shape, b)
   return {"batches": it.num_batches(0), "shapes": len(counts),
           "padding_target": 1.0 - real_tgt / slots,
           "padding_source_target": 1.0 - (real_src + real_tgt) / (2 * slots),
-          "real_target": real_tgt, "shape_counts": counts, "first_of_shape": first}
+          "real_target": real_tgt, "shape_counts": counts,
+          "full_real_target": full_real_tgt, "full_shape_counts": full_counts,
+          "first_of_shape": first}
 
 
 def epoch_tokens_per_s(stats, step_seconds):
-  """Real target tokens/s over a whole epoch of `stats` (epoch_stats), from one
-  step time per target shape ({shape: seconds}): the epoch's real target tokens
-  over the sum, across its shapes, of batches of that shape x their step time."""
-  seconds = sum(n * step_seconds[shape] for shape, n in stats["shape_counts"].items())
-  return stats["real_target"] / seconds
+  """Real target tokens/s over the full batches of an epoch of `stats`
+  (epoch_stats), from one step time per target shape ({shape: seconds}): their
+  real target tokens over the sum, across shapes, of batches of that shape x
+  their step time. The topped-up batches are left out, as from the timed ones: a
+  long corpus's epoch hardly has them, and a peer's natural pipeline would send
+  them short."""
+  seconds = sum(n * step_seconds[shape] for shape, n in stats["full_shape_counts"].items())
+  return stats["full_real_target"] / seconds
 
 
 def timed_batches(size: Size, examples, count, seed=0, batching="bucket"):
@@ -167,13 +184,13 @@ def timed_batches(size: Size, examples, count, seed=0, batching="bucket"):
   timed only where the epoch's full batches run out.
   """
   it = train_batches(size, examples, seed, batching)
-  full, topped_up = [], []
+  full, short = [], []
   for _ in range(it.num_batches(0)):
     batch = next(it)
-    (topped_up if (batch["targets"] == PAD_ID).all(axis=1).any() else full).append(batch)
+    (short if topped_up(batch) else full).append(batch)
     if len(full) == count:
       return full
-  batches = (full + topped_up)[:count]
+  batches = (full + short)[:count]
   print(f"Timed batches: an epoch of {len(examples)} examples has {len(full)} full batches "
         f"of {size.tokens_per_batch} tokens ({batching}): the {count} timed include batches "
         "topped up with all-PAD rows (a larger corpus avoids them).",
