@@ -228,7 +228,7 @@ def _epoch_mix(size, sides):
   session 17). `sides`: {name: (figures, epoch_stats, Trainer class)}. Each side
   times the first full batch of each of its shapes MIX_ROUNDS times, after an
   untimed step on that shape, the sides in turn: every shape's median of as
-  many steps (a single step's time is its mean, skewed by stalls).
+  many steps (with one step a shape, a single stall set that shape's time).
   Returns each side's step times by shape ("BxT")."""
   trainers, times = {}, {name: {} for name in sides}
   shapes = {name: list(stats["first_of_shape"]) for name, (_, stats, _) in sides.items()}
