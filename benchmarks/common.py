@@ -97,7 +97,7 @@ def synthetic_examples(size: Size, count=None, seed=0):
 
   Lengths are log-normal (median ~14 tokens, like Multi30k under a subword
   vocabulary), targets ~1.1x their sources, all clipped to max_length. `count`
-  defaults to 20,000, or 4 per token of a larger batch: ~50 full batches an epoch,
+  defaults to 20,000, or 4 per token of a larger batch: 70-85 full batches an epoch,
   so the timed ones are full (timed_batches).
   """
   count = count or max(20000, 4 * size.tokens_per_batch)

@@ -225,23 +225,24 @@ def _epoch_mix(size, sides):
   over a whole epoch of its input, from one step time per target shape of that
   epoch (common.epoch_tokens_per_s). The timed batches above are the epoch's
   first few, whose padding need not be the epoch's (benchmarks/README.md,
-  session 17). `sides`: {name: (figures, epoch_stats, Trainer class)}. Each side
-  times the first full batch of each of its shapes MIX_ROUNDS times, after an
-  untimed step on that shape, the sides in turn: every shape's median of as
-  many steps (with one step a shape, a single stall set that shape's time).
+  session 17). `sides`: {name: (figures, epoch_stats, Trainer class)}. In each of
+  MIX_ROUNDS rounds each side in turn runs one untimed step, then times the first
+  full batch of each of its shapes: every shape's median of as many steps (with
+  one step a shape, a single stall set that shape's time). A side's first step
+  after the other's ran up to 1.6x slow (the heap laid out for the other; ours
+  alone never pays it), hence the untimed one; within a side the shapes follow
+  one another as in a bucketed training run.
   Returns each side's step times by shape ("BxT")."""
   trainers, times = {}, {name: {} for name in sides}
-  shapes = {name: list(stats["first_of_shape"]) for name, (_, stats, _) in sides.items()}
   for name, (_, stats, make) in sides.items():
     trainers[name] = make(size, list(stats["first_of_shape"].values()))
     trainers[name].warm_up()
   for _ in range(MIX_ROUNDS):
-    for j in range(max(map(len, shapes.values()))):
-      for name in [n for n in sides if j < len(shapes[n])]:
-        if shapes[name][j] not in times[name]:
-          trainers[name].untimed_step(j)
+    for name, (_, stats, _) in sides.items():
+      trainers[name].untimed_step(0)
+      for j, shape in enumerate(stats["first_of_shape"]):
         trainers[name].step(j)
-        times[name].setdefault(shapes[name][j], []).append(trainers[name].times[-1])
+        times[name].setdefault(shape, []).append(trainers[name].times[-1])
   for name, (figures, stats, _) in sides.items():
     figures["train target tokens/s (epoch mix)"] = common.epoch_tokens_per_s(
         stats, {shape: statistics.median(ts) for shape, ts in times[name].items()})

@@ -89,7 +89,7 @@ def test_a_file_or_a_link_where_the_average_goes(workdir, tmp_path):
   try:
     with open(final, "w") as f:
       f.write("notes")
-    with pytest.raises(ValueError, match="checkpoints_averaged is a file, not a directory"):
+    with pytest.raises(ValueError, match="checkpoints_averaged is not a directory"):
       average_checkpoints(path, last=1)
     assert open(final).read() == "notes" and not debris()
     os.remove(final)

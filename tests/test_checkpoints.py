@@ -466,3 +466,23 @@ def test_a_closed_loop_lets_its_tasks_end_and_takes_their_errors_as_seen():
     assert not asyncio.all_tasks(loop)
     gc.collect()
     assert not seen, (steps, seen)
+
+
+def test_a_shape_mismatch_in_any_process_is_one_error_in_all():
+  """Every process decides from the same gathered messages: one that failed
+  otherwise (a missing shard) raises the mismatch too, instead of trying an older
+  checkpoint while the others stop. A scalar asked for is not the vocabulary's
+  doing (Orbax's replicated scalars on another topology): it stays unreadable."""
+  target = {"params": {"embedding": jax.ShapeDtypeStruct((19, 32), jnp.float32)},
+            "opt_state": {"mu": jax.ShapeDtypeStruct((19, 32), jnp.float32)},
+            "step": jax.ShapeDtypeStruct((), jnp.int32)}
+  mismatch = ("ValueError: Requested shape: (19, 32) is not compatible with the stored "
+              "shape: (23, 32). Truncating/padding is disabled.")
+  for messages in (["FileNotFoundError: no shard", mismatch], [mismatch, ""]):
+    with pytest.raises(checkpoints.MismatchedCheckpointError,
+                       match=r"checkpoint 20 in d does not fit .* stores \(23, 32\) where the "
+                       r"model has \(19, 32\) \(params/embedding\)\."):
+      checkpoints._mismatch(messages, 20, "d", target)  # pylint: disable=protected-access
+  scalar = "ValueError: Requested shape: () is not compatible with the stored shape: (2,)."
+  checkpoints._mismatch(["", scalar], 20, "d", target)  # pylint: disable=protected-access
+  checkpoints._mismatch(["", "OSError: gone"], 20, "d", target)  # pylint: disable=protected-access

@@ -326,8 +326,10 @@ def test_the_vocabulary_s_ids_and_size_are_no_model_settings():
 
 
 def test_old_attention_type_key_still_loads():
-  # config.json of workdirs written before attention_score replaced attention_type.
-  old = ModelConfig.from_config({"attention_type": "scaled_dot"})
+  # config.json of workdirs written before attention_score replaced attention_type,
+  # and the special ids left configs/base.py (they held the vocabulary's values).
+  old = ModelConfig.from_config({"attention_type": "scaled_dot", "pad_id": 0, "bos_id": 2,
+                                 "eos_id": 3})
   assert old == ModelConfig() and old.attention_score == "scaled_dot"
 
 

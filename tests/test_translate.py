@@ -401,8 +401,8 @@ def test_a_reader_that_leaves_ends_the_command_by_sigpipe_without_a_word(workdir
   try:
     assert process.stdout.readline().strip()
     process.stdout.close()  # The reader leaves, as head does.
-    assert process.wait(timeout=240) == -signal.SIGPIPE
-    stderr = process.stderr.read()
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == -signal.SIGPIPE
   finally:
     process.kill()
   assert not [l for l in stderr.splitlines() if "error" in l.lower() or "Traceback" in l

@@ -61,7 +61,8 @@ def _replace_dir(new, final):
 
 
 def _remove(path):
-  """Removes a previous average: a directory, or a link to one (only the link)."""
+  """Removes a previous average: a directory, or a link to one (only the link: the
+  new average is a directory in the workdir, where the link was)."""
   if os.path.islink(path):
     os.remove(path)
   else:
@@ -72,7 +73,8 @@ def _recover(final):
   """Puts back the previous average that a killed run had moved aside and not
   replaced; removes those it had replaced. (Its unfinished new average, in
   FINAL.tmp, goes before the next one is written.)"""
-  moved = sorted(glob.glob(glob.escape(final) + OLD_INFIX + "*"), key=os.path.getmtime)
+  moved = sorted(glob.glob(glob.escape(final) + OLD_INFIX + "*"),
+                 key=lambda path: os.lstat(path).st_mtime)
   if moved and not os.path.lexists(final):
     logging.warning("Restoring the previous average %s from %s (an averaging was killed "
                     "while replacing it).", final, moved[-1])
@@ -99,8 +101,8 @@ def average_checkpoints(workdir, last=None, mesh=None):
 def _average(workdir, last, mesh):
   final = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["averaged"])
   if os.path.lexists(final) and not os.path.isdir(final):  # Not ours to replace.
-    raise ValueError(f"{final} is a file, not a directory of averaged checkpoints: move it "
-                     "away and rerun (nothing was averaged)")
+    raise ValueError(f"{final} is not a directory of averaged checkpoints: move it away "
+                     "and rerun (nothing was averaged)")
   if jax.process_index() == 0:
     _recover(final)
   opened = workdir_lib.open_workdir(workdir, mesh)

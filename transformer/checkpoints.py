@@ -86,12 +86,13 @@ _SHAPE_MISMATCH = re.compile(r"Requested shape: (\([0-9, ]*\)) is not compatible
                              r"stored shape: (\([0-9, ]*\))")
 
 
-def _mismatch(reason: str, candidate: int, directory: str, target) -> None:
-  """MismatchedCheckpointError where `reason` is Orbax's shape mismatch, naming the
-  model's arrays of the shape asked for. Not an unreadable checkpoint: every
-  older one has the same shapes, and none is set aside."""
-  found = _SHAPE_MISMATCH.search(reason)
-  if not found:
+def _mismatch(messages, candidate: int, directory: str, target) -> None:
+  """MismatchedCheckpointError where any process's message (`messages`, the same
+  list in every process, so that all raise alike) is Orbax's shape mismatch,
+  naming the model's arrays of the shape asked for. Not an unreadable checkpoint:
+  every older one has the same shapes, and none is set aside."""
+  found = next(filter(None, map(_SHAPE_MISMATCH.search, messages)), None)
+  if not found or found.group(1) == "()":  # A scalar asked for: no vocabulary's doing.
     return
   wanted, stored = found.groups()
   names = [jax.tree_util.keystr(path, simple=True, separator="/")
@@ -173,15 +174,16 @@ def _handlers():
 
 
 def _agreed_failure(error):
-  """Why a checkpoint read failed, in every process alike: this process's error,
-  else the first other process's (named), else None."""
+  """(why a checkpoint read failed: this process's error, else the first other
+  process's (named), else None; every process's message, "" where it read its
+  part): a failure in any process is a failure in all."""
   messages = distributed.gather_messages("" if error is None else _reason(error))
   if error is not None:
-    return _reason(error)
+    return _reason(error), messages
   for process, message in enumerate(messages):
     if message:
-      return f"process {process} could not read its part: {message}"
-  return None
+      return f"process {process} could not read its part: {message}", messages
+  return None, messages
 
 
 def complete_steps(directory: str) -> list:
@@ -488,9 +490,8 @@ class Checkpointer:
         error = e
       # Each process reads only its own shards: all take a step that any of
       # them could not read as unreadable, before the checksums' collective.
-      reason = _agreed_failure(error)
-      if reason is not None:
-        _mismatch(reason, candidate, self.directory, target)
+      reason, messages = _agreed_failure(error)
+      _mismatch(messages, candidate, self.directory, target)
       if reason is None and checked:
         try:  # The same outcome in every process: global checksums, one saved file.
           checksums.check(restored.state, restored.data, restored.checksums)

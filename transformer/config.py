@@ -133,6 +133,7 @@ _FIELD_TYPES = {int: ("an integer", lambda x: isinstance(x, numbers.Integral)
 
 
 # ModelConfig's fields that come from the vocabulary, not from config.model.
+SPECIAL_IDS = {"pad_id": PAD_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
 NOT_SETTINGS = {
     **dict.fromkeys(("input_vocab_size", "output_vocab_size"),
                     "the vocabulary's size sets it (data.vocab_size, or data.vocab_path's file)"),
@@ -238,8 +239,10 @@ class ModelConfig:
     values = dict(model_config.to_dict() if hasattr(model_config, "to_dict")
                   else model_config)
     for name, why in NOT_SETTINGS.items():  # The data pipeline and search would not follow.
-      if name in values:
+      if name in values and values[name] != SPECIAL_IDS.get(name):
         raise ValueError(f"config.model.{name}={values[name]!r}: not a setting: {why}")
+      # Workdirs trained before the ids left configs/base.py hold them, at these values.
+      values.pop(name, None)
     values.update(overrides)
     # Older workdirs' config.json: attention_type, the never-read field this replaced.
     values.setdefault("attention_score", values.pop("attention_type", "scaled_dot"))
@@ -297,9 +300,10 @@ def check_known_fields(config) -> None:
 
 def check_config(config, trained: bool = False) -> None:
   """Checks the fields outside `config.model`; raises ValueError naming the field.
-  `trained`: a trained workdir's config (check_saved), read to evaluate, decode or
-  average: the rules for training alone (the languages' pairing, packed budgets,
-  positions for max_length, the mesh) are the training run's, which may predate them."""
+  `trained`: a trained workdir's config (saved_config.check_saved), read to
+  evaluate, decode or average: the rules for training alone (the languages'
+  pairing, packed budgets, positions for max_length, the mesh) are the training
+  run's, which may predate them."""
   check_sections(config, "the config")
   if not trained:
     check_known_fields(config)

@@ -290,7 +290,7 @@ def _end_interrupted(command: str) -> None:
 
 
 def _stdout_reader_gone() -> bool:
-  """Whether stdout is a pipe (or socket) whose reading end is closed: `translate |
+  """Whether stdout is a pipe whose reading end is closed: `translate |
   head -1` once head has its line. Only then is a BrokenPipeError the reader's
   choice rather than a fault."""
   import select  # pylint: disable=g-import-not-at-top
