@@ -20,6 +20,7 @@ import pytest
 
 from benchmarks import allocators, common, run
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MARIAN = HAS_TORCH and importlib.util.find_spec("transformers") is not None
 needs_marian = pytest.mark.skipif(not HAS_MARIAN,
@@ -269,6 +270,30 @@ def test_timed_batches_padding_counts_both_sides():
   batch = {"inputs": np.array([[5, 6, 0, 0]]), "targets": np.array([[5, 0]])}
   figures = common.summarize(common.SIZES["smoke"], [batch], [1.0], [1.0], [1.0], 0)
   assert figures["padding_source_target"] == pytest.approx(1 - 3 / 6)
+
+
+def test_alone_runs_each_side_in_a_process_of_its_own_in_alternation(tmp_path):
+  """benchmarks.alone: each side's timed steps in a fresh process, the rounds in
+  ABBA order; without torch, ours alone."""
+  out = tmp_path / "alone.json"
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.alone", "--sizes", "smoke", "--rounds", "2", "--pack",
+       "--steps", "2", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+      timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  res = json.loads(out.read_text())["sizes"]["smoke"]
+  order = re.findall(r"smoke round (\d) (\w+):", result.stdout)
+  sides = ["ours", "pytorch"] if HAS_TORCH else ["ours"]
+  assert order == [("1", s) for s in sides] + [("2", s) for s in sides[::-1]]
+  for side in sides:
+    assert len(res["runs"][side]) == 2
+    assert all(r["target_tokens_per_s"] > 0 and len(r["step_s_all"]) == 2
+               for r in res["runs"][side])
+  if HAS_TORCH:
+    assert res["ours/pytorch"] == pytest.approx(
+        res["median_target_tokens_per_s"]["ours"] / res["median_target_tokens_per_s"]["pytorch"])
+  else:
+    assert "ours alone" in result.stdout
 
 
 def test_mfu_is_against_the_best_product_of_either_framework():
