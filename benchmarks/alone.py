@@ -30,8 +30,8 @@ RESULT = "RESULT "  # The line a side's process prints its figures on.
 
 
 def run_side(side, size, pack):
-  """{'target_tokens_per_s', 'step_s_median', 'padding_source_target'} of `side`'s
-  timed steps, in this process."""
+  """{'target_tokens_per_s', 'step_s_median', 'step_s_all', 'padding_source_target'}
+  of `side`'s timed steps, in this process."""
   examples = common.synthetic_examples(size)
   if side == "ours":
     from benchmarks import jax_bench  # pylint: disable=g-import-not-at-top

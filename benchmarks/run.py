@@ -256,9 +256,8 @@ def set_mfu(results, peaks):
   run (`peaks`: FLOP/s by framework): the hardware's reach as far as measured.
   PyTorch's product beat ours by 1.25x on an H200 and 1.4x on an AMX CPU, and
   MFU against one's own product alone flatters the slower framework."""
-  peak = max(x for v in peaks.values() for x in v)
-  results["matmul_peak_used"] = {"gflops": peak / 1e9, "of": max(
-      (k for k, v in peaks.items() if v), key=lambda k: max(peaks[k]))}
+  peak, of = max((x, k) for k, v in peaks.items() for x in v)
+  results["matmul_peak_used"] = {"gflops": peak / 1e9, "of": of}
   for res in results["sizes"].values():
     for side in (res["ours"], res["pytorch"]):
       if "train GFLOP/s" in side:

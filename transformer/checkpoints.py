@@ -108,8 +108,6 @@ def _mismatch(messages, candidate: int, directory: str, target) -> None:
       "(nothing was changed there)")
 
 
-
-
 def _first_line(error: Exception) -> str:
   """`Type: first line` of an error (runtime.first_line)."""
   return f"{type(error).__name__}: {runtime.first_line(error)}"
