@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import checkpoints, checksums, event_loops, runtime
+from transformer import checkpoint_reads, checkpoints, checksums, event_loops, runtime
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.int32, np.uint32, np.int8,
@@ -479,10 +479,10 @@ def test_a_shape_mismatch_in_any_process_is_one_error_in_all():
   mismatch = ("ValueError: Requested shape: (19, 32) is not compatible with the stored "
               "shape: (23, 32). Truncating/padding is disabled.")
   for messages in (["FileNotFoundError: no shard", mismatch], [mismatch, ""]):
-    with pytest.raises(checkpoints.MismatchedCheckpointError,
+    with pytest.raises(checkpoint_reads.MismatchedCheckpointError,
                        match=r"checkpoint 20 in d does not fit .* stores \(23, 32\) where the "
                        r"model has \(19, 32\) \(params/embedding\)\."):
-      checkpoints._mismatch(messages, 20, "d", target)  # pylint: disable=protected-access
+      checkpoint_reads.raise_if_mismatched(messages, 20, "d", target)
   scalar = "ValueError: Requested shape: () is not compatible with the stored shape: (2,)."
-  checkpoints._mismatch(["", scalar], 20, "d", target)  # pylint: disable=protected-access
-  checkpoints._mismatch(["", "OSError: gone"], 20, "d", target)  # pylint: disable=protected-access
+  checkpoint_reads.raise_if_mismatched(["", scalar], 20, "d", target)
+  checkpoint_reads.raise_if_mismatched(["", "OSError: gone"], 20, "d", target)

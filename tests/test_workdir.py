@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.workdirs import trained_workdir
-from transformer import evaluate, results, training
+from transformer import checkpoint_reads, evaluate, results, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,11 +200,11 @@ def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_
   message = (r"checkpoint 20 in .*checkpoints does not fit the model built to restore it: "
              rf"it stores \({original.vocab_size}, \d+\) where the model has \(40, \d+\) "
              r"\(params/shared_embedding/embedding\)\. The vocabulary .* changed")
-  with pytest.raises(checkpoints.MismatchedCheckpointError, match=message):
+  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
     evaluate.run(copy, split="test[:5]", mode="greedy")
   copy_config = workdir_lib.load_config(copy)
   copy_config.train.num_steps = 30
-  with pytest.raises(checkpoints.MismatchedCheckpointError, match=message):
+  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
     training.train_and_evaluate(copy_config, copy)
   assert checkpoints.complete_steps(os.path.join(copy, "checkpoints")) == [10, 20]
   assert not [n for n in os.listdir(os.path.join(copy, "checkpoints")) if "." in n]

@@ -26,17 +26,14 @@ removes what it had written. Training stops there, and a rerun resumes from the
 last good regular checkpoint.
 
 In a multi-process job every process runs the same calls; process 0 alone
-moves checkpoint directories aside (and back), and the others wait for it. Each
-process reads only its own shards, so a damaged file can fail one process's
-read alone: the processes share what each read met, and a step that any of them
-could not read is unreadable for all.
+moves checkpoint directories aside (and back), and the others wait for it. A
+step that any process could not read is unreadable for all (checkpoint_reads).
 """
 
 import glob
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 
@@ -45,8 +42,10 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
-from transformer import checksums, distributed, event_loops, runtime
-from transformer.checksums import NewerCheckpointError  # Raised by restore.
+from transformer import checkpoint_reads, checksums, distributed, event_loops, runtime
+# Raised by restore, with checkpoint_reads.MismatchedCheckpointError.
+from transformer.checkpoint_reads import UnreadableCheckpointError
+from transformer.checksums import NewerCheckpointError
 
 UNREADABLE_SUFFIX = ".unreadable"
 REPLACED_SUFFIX = ".replaced"  # A best checkpoint moved aside while its step is saved again.
@@ -70,118 +69,6 @@ class CheckpointSaveError(runtime.CommandError):
   def __init__(self, message, step=None, reason=None):
     super().__init__(message)
     self.step, self.reason = step, reason
-
-
-class UnreadableCheckpointError(runtime.CommandError):
-  """The checkpoint asked for, or every checkpoint there is, cannot be read."""
-
-
-class MismatchedCheckpointError(runtime.CommandError):
-  """A checkpoint's arrays have other shapes than the model built to restore it:
-  the vocabulary or the model's config changed, not the files."""
-
-
-# Orbax's message where a stored array's shape is not the one asked for.
-_SHAPE_MISMATCH = re.compile(r"Requested shape: (\([0-9, ]*\)) is not compatible with the "
-                             r"stored shape: (\([0-9, ]*\))")
-
-
-def _mismatch(messages, candidate: int, directory: str, target) -> None:
-  """MismatchedCheckpointError where any process's message (`messages`, the same
-  list in every process, so that all raise alike) is Orbax's shape mismatch,
-  naming the model's arrays of the shape asked for. Not an unreadable checkpoint:
-  every older one has the same shapes, and none is set aside."""
-  found = next(filter(None, map(_SHAPE_MISMATCH.search, messages)), None)
-  if not found or found.group(1) == "()":  # A scalar asked for: no vocabulary's doing.
-    return
-  wanted, stored = found.groups()
-  names = [jax.tree_util.keystr(path, simple=True, separator="/")
-           for path, leaf in jax.tree_util.tree_leaves_with_path(target)
-           if str(tuple(leaf.shape)) == wanted]
-  names = [n for n in names if n.startswith("params/")] or names  # Not their optimizer moments.
-  raise MismatchedCheckpointError(
-      f"checkpoint {candidate} in {directory} does not fit the model built to restore it: "
-      f"it stores {stored} where the model has {wanted}"
-      + (f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" if names else "")
-      + ". The vocabulary (its size sets the embeddings' rows) or config.model changed "
-      "since it was saved: put back the vocabulary and config.json it was trained with "
-      "(nothing was changed there)")
-
-
-def _first_line(error: Exception) -> str:
-  """`Type: first line` of an error (runtime.first_line)."""
-  return f"{type(error).__name__}: {runtime.first_line(error)}"
-
-
-def _reason(error: Exception) -> str:
-  """Why a read failed, in one line: the innermost error of the chain that has
-  a message. Orbax wraps TensorStore's error, which names the array's chunk, the
-  file and what is wrong (`Error reading "params.w/0.0" in OCDBT database at ...:
-  Requested byte range [0, 7610) is not valid for value of size 1000`), in one
-  that gives only the chunk's index and the repr of a bound method. Without the
-  spec that TensorStore may append (its whole JSON), and up to 400 characters:
-  the file's path is in it."""
-  while error.__cause__ is not None and str(error.__cause__).strip():
-    error = error.__cause__
-  line = (str(error).strip().splitlines() or [""])[0]
-  line = re.sub(r" \[(tensorstore_spec|source locations)\b.*", "", line)
-  return f"{type(error).__name__}: {line[:400]}"
-
-
-class _ReadFailure:
-  """What a process's read of a checkpoint item returned instead of raising."""
-
-  def __init__(self, error: Exception):
-    self.error = error
-
-
-def _reporting(handler_cls):
-  """`handler_cls`, but a failed read returns a _ReadFailure instead of raising:
-  Orbax's restore ends at a barrier of all processes, which a process that
-  raised would never reach. Checkpoints record `handler_cls` as their handler.
-  Its reads end before it returns, failed or not (event_loops.FinishingLoop)."""
-
-  class Reporting(handler_cls):
-
-    @classmethod
-    def typestr(cls) -> str:
-      return handler_cls.typestr()
-
-    def restore(self, directory, args=None):
-      try:
-        with event_loops.finishing_event_loops():
-          return super().restore(directory, args=args)
-      except Exception as e:  # pylint: disable=broad-except
-        return _ReadFailure(e)
-
-  return Reporting
-
-
-def _handlers():
-  """Orbax's handler registry for a checkpoint's items: the standard handler for
-  the state, JSON for the data position and the checksums, each _reporting."""
-  registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-  for item, handler_cls, save, restore in (
-      ("state", ocp.StandardCheckpointHandler, ocp.args.StandardSave, ocp.args.StandardRestore),
-      ("data", ocp.JsonCheckpointHandler, ocp.args.JsonSave, ocp.args.JsonRestore),
-      ("checksums", ocp.JsonCheckpointHandler, ocp.args.JsonSave, ocp.args.JsonRestore)):
-    handler = _reporting(handler_cls)()
-    registry.add(item, save, handler)
-    registry.add(item, restore, handler)
-  return registry
-
-
-def _agreed_failure(error):
-  """(why a checkpoint read failed: this process's error, else the first other
-  process's (named), else None; every process's message, "" where it read its
-  part): a failure in any process is a failure in all."""
-  messages = distributed.gather_messages("" if error is None else _reason(error))
-  if error is not None:
-    return _reason(error), messages
-  for process, message in enumerate(messages):
-    if message:
-      return f"process {process} could not read its part: {message}", messages
-  return None, messages
 
 
 def complete_steps(directory: str) -> list:
@@ -305,7 +192,7 @@ class Checkpointer:
         async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False),
         **best)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          handler_registry=_handlers())
+                                          handler_registry=checkpoint_reads.handlers())
     self._pending = None  # The step being written in the background.
     self._failed = False  # A CheckpointSaveError was raised: close() reports no more.
     self._holding = False  # Holds event_loops' FinishingLoops for its saves' threads.
@@ -423,7 +310,7 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         moved = self._move_aside(step, UNREADABLE_SUFFIX)
         logging.warning("Best checkpoint %d in %s has unreadable metrics (%s); moved it to "
-                        "%s.", step, self.directory, _first_line(e), moved)
+                        "%s.", step, self.directory, checkpoint_reads.first_line(e), moved)
 
   def _move_aside(self, step, suffix) -> str:
     """Renames `step`'s directory to <step><suffix> (or <step><suffix>.1, ...),
@@ -481,22 +368,23 @@ class Checkpointer:
         if checked:
           items["checksums"] = ocp.args.JsonRestore()
         restored = self._manager.restore(candidate, args=ocp.args.Composite(**items))
-        failures = [restored[k] for k in items if isinstance(restored[k], _ReadFailure)]
+        failures = [restored[k] for k in items
+                    if isinstance(restored[k], checkpoint_reads.ReadFailure)]
         if failures:
           error = failures[0].error
       except Exception as e:  # pylint: disable=broad-except
         error = e
       # Each process reads only its own shards: all take a step that any of
       # them could not read as unreadable, before the checksums' collective.
-      reason, messages = _agreed_failure(error)
-      _mismatch(messages, candidate, self.directory, target)
+      reason, messages = checkpoint_reads.agreed_failure(error)
+      checkpoint_reads.raise_if_mismatched(messages, candidate, self.directory, target)
       if reason is None and checked:
         try:  # The same outcome in every process: global checksums, one saved file.
           checksums.check(restored.state, restored.data, restored.checksums)
         except NewerCheckpointError as e:
           raise NewerCheckpointError(f"checkpoint {candidate} in {self.directory}: {e}") from e
         except Exception as e:  # pylint: disable=broad-except
-          error, reason = e, _first_line(e)
+          error, reason = e, checkpoint_reads.first_line(e)
       if reason is not None:
         if step is not None:
           raise UnreadableCheckpointError(
