@@ -210,6 +210,20 @@ def decode_sources(size: Size, examples, seed=1):
   return out
 
 
+def generated_tokens(sources_BxS, max_extra_len, max_len):
+  """Tokens the search emits with no EOS: min(len_b + max_extra_len, L) per row."""
+  L = min(sources_BxS.shape[1] + max_extra_len, max_len)
+  return np.minimum(np.count_nonzero(sources_BxS, axis=1) + max_extra_len, L)
+
+
+def decode_batch(size: Size, examples, max_extra_len):
+  """(sources, each row's output limit): what every decoding side runs, each
+  row to its limit (the model's max_len caps it, as experiment_config sets it)."""
+  sources = decode_sources(size, examples)
+  max_len = experiment_config(size).model.max_len
+  return sources, generated_tokens(sources, max_extra_len, max_len)
+
+
 def summarize(size: Size, batches, times, cpu_times, losses, faults):
   """Throughput figures of timed steps, one per batch.
 

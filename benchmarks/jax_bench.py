@@ -7,7 +7,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks import common
 from transformer import sharding, state as state_lib, training
@@ -114,12 +113,6 @@ class Trainer:
     return {**self.compile, "recompiles_after_warmup": self.late_compiles + grown,
             **common.summarize(self.size, self.batches, self.times, self.cpu, self.losses,
                                self.faults)}
-
-
-def generated_tokens(sources_BxS, max_extra_len, max_len):
-  """Tokens the search emits with no EOS: min(len_b + max_extra_len, L) per row."""
-  L = min(sources_BxS.shape[1] + max_extra_len, max_len)
-  return np.minimum(np.count_nonzero(sources_BxS, axis=1) + max_extra_len, L)
 
 
 def decoder(model, params, sources_BxS, *, mode, beam_size=4, max_extra_len=50):

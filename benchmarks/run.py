@@ -158,8 +158,7 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
 
   # Decoding: the same sources, every row run to its limit; runs alternate likewise.
   model, params = trainers[0].model, trainers[0].state.params
-  sources = common.decode_sources(size, examples)
-  limits = jax_bench.generated_tokens(sources, max_extra_len, model.config.max_len)
+  sources, limits = common.decode_batch(size, examples, max_extra_len)
   runs = {}
   for mode, name in (("greedy", "greedy"), ("beam", "beam4")):
     ours[f"{name} compile s"], runs[name] = jax_bench.decoder(
