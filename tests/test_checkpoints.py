@@ -468,6 +468,27 @@ def test_a_closed_loop_lets_its_tasks_end_and_takes_their_errors_as_seen():
     assert not seen, (steps, seen)
 
 
+def test_a_tree_mismatch_names_the_arrays_each_side_lacks():
+  """Orbax lists a tree mismatch's differences on lines after its first: the
+  one-line reason keeps them (the model's parameters first), and any process's
+  is a MismatchedCheckpointError in all."""
+  text = ("User-provided restore item and on-disk value metadata tree structures do not "
+          "match:\nopt_state[0][0].mu.decoder.layer_2:\n    - Source: MISSING\n"
+          "    - Target: {'kernel': 1}\n\nparams.decoder.layer_2:\n    - Source: MISSING\n"
+          "    - Target: {'kernel': 1}\n\nparams.encoder.layer_9:\n    - Source: {'kernel': 1}\n"
+          "    - Target: MISSING\nIf this mismatch is intentional, pass `partial_restore=True`.")
+  line = checkpoint_reads.reason(ValueError(text))
+  assert line == (
+      "ValueError: User-provided restore item and on-disk value metadata tree structures do "
+      "not match: params/decoder/layer_2 (only in the checkpoint), params/encoder/layer_9 "
+      "(only in the model), opt_state/0/0/mu/decoder/layer_2 (only in the checkpoint)")
+  with pytest.raises(checkpoint_reads.MismatchedCheckpointError,
+                     match=r"checkpoint 20 in d does not fit the model built to restore it: its "
+                     r"arrays are not the model's: params/decoder/layer_2 \(only in the "
+                     r"checkpoint\), .*\. config\.model changed"):
+    checkpoint_reads.raise_if_mismatched(["", line], 20, "d", {})
+
+
 def test_a_shape_mismatch_in_any_process_is_one_error_in_all():
   """Every process decides from the same gathered messages: one that failed
   otherwise (a missing shard) raises the mismatch too, instead of trying an older

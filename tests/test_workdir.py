@@ -170,6 +170,30 @@ def test_an_evaluation_of_a_checkpoint_trained_again_is_not_collected(workdir, t
   assert collected() == result
 
 
+def test_a_config_json_edited_to_another_tree_is_named_not_called_damaged(workdir, tmp_path):
+  """config.json's num_layers edited by hand: Orbax's tree mismatch was "no
+  readable checkpoint (damaged or incomplete files)". It is named as the arrays
+  only one side has, at the newest checkpoint, and nothing is moved."""
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  path = os.path.join(copy, "config.json")
+  values = json.loads(open(path).read())
+  values["model"]["num_layers"] += 1
+  open(path, "w").write(json.dumps(values))
+  message = (r"checkpoint 20 in .*checkpoints does not fit the model built to restore it: "
+             r"its arrays are not the model's: params/decoder/layer_\d+ \(only in the model\), "
+             r"params/encoder/layer_\d+ \(only in the model\), .*config\.model changed")
+  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
+    evaluate.run(copy, split="test[:5]", mode="greedy")
+  config = workdir_lib.load_config(copy)
+  config.train.num_steps = 30
+  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
+    training.train_and_evaluate(config, copy)
+  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  assert checkpoints.complete_steps(os.path.join(copy, "checkpoints")) == [10, 20]
+  assert not [n for n in os.listdir(os.path.join(copy, "checkpoints")) if "." in n]
+
+
 def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_path):
   """Training records its vocabulary's SHA-256 and size (vocabulary.json). A
   spm.model replaced by another of as many pieces restored without a word, and

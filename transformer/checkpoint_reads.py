@@ -32,11 +32,38 @@ _SHAPE_MISMATCH = re.compile(r"Requested shape: (\([0-9, ]*\)) is not compatible
                              r"stored shape: (\([0-9, ]*\))")
 
 
+# Orbax's message where the model's tree of arrays is not the stored one; each
+# difference follows on a line of its own, "<path>:", then which side lacks it.
+_TREE_MISMATCH = "tree structures do not match"
+_TREE_PATH = re.compile(r"^(\S.*):\n\s+- Source: (MISSING)?.*\n\s+- Target: (MISSING)?",
+                        re.MULTILINE)
+
+
+def _tree_differences(text: str) -> str:
+  """The first paths of Orbax's tree mismatch in `text`, the model's parameters
+  first (not their optimizer moments), each with the side that lacks it."""
+  found = []
+  for path, no_model, no_checkpoint in _TREE_PATH.findall(text):
+    name = re.sub(r"[.\[\]]+", "/", path).strip("/")
+    side = ("only in the model" if no_checkpoint else "only in the checkpoint" if no_model
+            else "other arrays")
+    found.append(f"{name} ({side})")
+  found.sort(key=lambda n: not n.startswith("params/"))
+  return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+
+
 def raise_if_mismatched(messages, candidate: int, directory: str, target) -> None:
   """MismatchedCheckpointError where any process's message (`messages`, the same
   list in every process, so that all raise alike) is Orbax's shape mismatch,
   naming the model's arrays of the shape asked for. Not an unreadable checkpoint:
   every older one has the same shapes, and none is set aside."""
+  tree = next((m for m in messages if _TREE_MISMATCH in m), None)
+  if tree:
+    raise MismatchedCheckpointError(
+        f"checkpoint {candidate} in {directory} does not fit the model built to restore it: "
+        f"its arrays are not the model's: {tree.split(_TREE_MISMATCH + ': ', 1)[1]}. "
+        "config.model changed since it was saved (its layers, say): put back the "
+        "config.json it was trained with (nothing was changed there)")
   found = next(filter(None, map(_SHAPE_MISMATCH.search, messages)), None)
   if not found or found.group(1) == "()":  # A scalar asked for: no vocabulary's doing.
     return
@@ -70,6 +97,8 @@ def reason(error: Exception) -> str:
   while error.__cause__ is not None and str(error.__cause__).strip():
     error = error.__cause__
   line = (str(error).strip().splitlines() or [""])[0]
+  if _TREE_MISMATCH in line:  # Its differences follow on lines of their own.
+    line = f"{line.rstrip(':')}: {_tree_differences(str(error))}"
   line = re.sub(r" \[(tensorstore_spec|source locations)\b.*", "", line)
   return f"{type(error).__name__}: {line[:400]}"
 
@@ -105,7 +134,7 @@ def reporting(handler_cls):
 
 def handlers():
   """Orbax's handler registry for a checkpoint's items: the standard handler for
-  the state, JSON for the data position and the checksums, each _reporting."""
+  the state, JSON for the data position and the checksums, each `reporting`."""
   registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
   for item, handler_cls, save, restore in (
       ("state", ocp.StandardCheckpointHandler, ocp.args.StandardSave, ocp.args.StandardRestore),
