@@ -25,7 +25,10 @@ the same sources greedily and with beam 4 where transformers is installed; the
 decoders alternate run by run, and ours/peer of every round is printed beside the
 ratio of the medians (single rounds on a shared VM spread by 10-50%). The
 two frameworks alternate step by step, so that other processes'
-load (the machine may be shared) hits both alike. Both run under the
+load (the machine may be shared) hits both alike. Sharing one process skews
+both sides, though: after each of PyTorch's steps our step spent ~2 s more in
+the kernel faulting in its huge pages (benchmarks/README.md, 'Session 39').
+benchmarks.alone runs each side in its own process, the ratios to quote. Both run under the
 allocator our commands use (transformer/runtime.py: tcmalloc that never
 releases memory where installed, else glibc malloc with huge pages; the script
 re-executes itself with it, as train.py does). Unless --malloc=skip, our step
@@ -329,6 +332,9 @@ def print_table(results):
   print()
   for line in results["targets"]:
     print(line)
+  if meta.get("torch") or meta.get("transformers"):
+    print("(ratios from one process shared by both frameworks, which skews them; "
+          "python -m benchmarks.alone runs each side in its own)")
 
 
 def check_targets(results):
