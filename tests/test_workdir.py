@@ -170,6 +170,21 @@ def test_an_evaluation_of_a_checkpoint_trained_again_is_not_collected(workdir, t
   assert collected() == result
 
 
+def _mismatch_stops_evaluate_and_resume(copy, message):
+  """`copy`'s checkpoints do not fit its model: evaluate and a resumed training
+  both stop with MismatchedCheckpointError matching `message`, and every
+  checkpoint stays where it was."""
+  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
+  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
+    evaluate.run(copy, split="test[:5]", mode="greedy")
+  config = workdir_lib.load_config(copy)
+  config.train.num_steps = 30
+  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
+    training.train_and_evaluate(config, copy)
+  assert checkpoints.complete_steps(os.path.join(copy, "checkpoints")) == [10, 20]
+  assert not [n for n in os.listdir(os.path.join(copy, "checkpoints")) if "." in n]
+
+
 def test_a_config_json_edited_to_another_tree_is_named_not_called_damaged(workdir, tmp_path):
   """config.json's num_layers edited by hand: Orbax's tree mismatch was "no
   readable checkpoint (damaged or incomplete files)". It is named as the arrays
@@ -183,15 +198,7 @@ def test_a_config_json_edited_to_another_tree_is_named_not_called_damaged(workdi
   message = (r"checkpoint 20 in .*checkpoints does not fit the model built to restore it: "
              r"its arrays are not the model's: params/decoder/layer_\d+ \(only in the model\), "
              r"params/encoder/layer_\d+ \(only in the model\), .*config\.model changed")
-  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
-    evaluate.run(copy, split="test[:5]", mode="greedy")
-  config = workdir_lib.load_config(copy)
-  config.train.num_steps = 30
-  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
-    training.train_and_evaluate(config, copy)
-  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
-  assert checkpoints.complete_steps(os.path.join(copy, "checkpoints")) == [10, 20]
-  assert not [n for n in os.listdir(os.path.join(copy, "checkpoints")) if "." in n]
+  _mismatch_stops_evaluate_and_resume(copy, message)
 
 
 def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_path):
@@ -220,18 +227,10 @@ def test_a_vocabulary_other_than_the_checkpoints_is_named_not_used(workdir, tmp_
   # was "no readable checkpoint ... (damaged or incomplete files)": it is named
   # as the model's shapes, at the newest checkpoint, and nothing is moved.
   os.rename(os.path.join(copy, workdir_lib.VOCABULARY_RECORD), str(tmp_path / "record"))
-  from transformer import checkpoints  # pylint: disable=g-import-not-at-top
-  message = (r"checkpoint 20 in .*checkpoints does not fit the model built to restore it: "
-             rf"it stores \({original.vocab_size}, \d+\) where the model has \(40, \d+\) "
-             r"\(params/shared_embedding/embedding\)\. The vocabulary .* changed")
-  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
-    evaluate.run(copy, split="test[:5]", mode="greedy")
-  copy_config = workdir_lib.load_config(copy)
-  copy_config.train.num_steps = 30
-  with pytest.raises(checkpoint_reads.MismatchedCheckpointError, match=message):
-    training.train_and_evaluate(copy_config, copy)
-  assert checkpoints.complete_steps(os.path.join(copy, "checkpoints")) == [10, 20]
-  assert not [n for n in os.listdir(os.path.join(copy, "checkpoints")) if "." in n]
+  _mismatch_stops_evaluate_and_resume(copy, (
+      r"checkpoint 20 in .*checkpoints does not fit the model built to restore it: "
+      rf"it stores \({original.vocab_size}, \d+\) where the model has \(40, \d+\) "
+      r"\(params/shared_embedding/embedding\)\. The vocabulary .* changed"))
   os.rename(str(tmp_path / "record"), os.path.join(copy, workdir_lib.VOCABULARY_RECORD))
   shutil.copy(os.path.join(workdir, "spm.model"), os.path.join(copy, "spm.model"))
   workdir_lib.check_resume_config(copy, config)  # The original passes.

@@ -5,8 +5,8 @@ process's read alone, and Orbax's restore ends at a barrier of all processes
 that a process which raised would never reach. So a failed read returns a
 ReadFailure (`handlers`); the processes then share what each met
 (`agreed_failure`), and a step that any of them could not read is unreadable
-for all. A stored shape the model does not have is no damage but a changed
-vocabulary or config (`raise_if_mismatched`). The Checkpointer
+for all. A stored shape or tree of arrays other than the model's is no damage
+but a changed vocabulary or config (`raise_if_mismatched`). The Checkpointer
 (checkpoints.py) acts on the outcome: it tries an older step or sets one aside.
 """
 
@@ -23,8 +23,8 @@ class UnreadableCheckpointError(runtime.CommandError):
 
 
 class MismatchedCheckpointError(runtime.CommandError):
-  """A checkpoint's arrays have other shapes than the model built to restore it:
-  the vocabulary or the model's config changed, not the files."""
+  """A checkpoint's arrays have other shapes than the model built to restore it,
+  or are other arrays: the vocabulary or the model's config changed, not the files."""
 
 
 # Orbax's message where a stored array's shape is not the one asked for.
@@ -54,14 +54,16 @@ def _tree_differences(text: str) -> str:
 
 def raise_if_mismatched(messages, candidate: int, directory: str, target) -> None:
   """MismatchedCheckpointError where any process's message (`messages`, the same
-  list in every process, so that all raise alike) is Orbax's shape mismatch,
-  naming the model's arrays of the shape asked for. Not an unreadable checkpoint:
-  every older one has the same shapes, and none is set aside."""
+  list in every process, so that all raise alike) is Orbax's tree mismatch,
+  naming the arrays only one side has, or its shape mismatch, naming the model's
+  arrays of the shape asked for. Not an unreadable checkpoint: every older one
+  has the same arrays, and none is set aside."""
   tree = next((m for m in messages if _TREE_MISMATCH in m), None)
   if tree:
+    paths = tree.partition(_TREE_MISMATCH)[2].lstrip(": ")
     raise MismatchedCheckpointError(
         f"checkpoint {candidate} in {directory} does not fit the model built to restore it: "
-        f"its arrays are not the model's: {tree.split(_TREE_MISMATCH + ': ', 1)[1]}. "
+        f"its arrays are not the model's{': ' if paths else ''}{paths}. "
         "config.model changed since it was saved (its layers, say): put back the "
         "config.json it was trained with (nothing was changed there)")
   found = next(filter(None, map(_SHAPE_MISMATCH.search, messages)), None)
@@ -98,7 +100,7 @@ def reason(error: Exception) -> str:
     error = error.__cause__
   line = (str(error).strip().splitlines() or [""])[0]
   if _TREE_MISMATCH in line:  # Its differences follow on lines of their own.
-    line = f"{line.rstrip(':')}: {_tree_differences(str(error))}"
+    line = ": ".join(filter(None, [line.rstrip(":"), _tree_differences(str(error))]))
   line = re.sub(r" \[(tensorstore_spec|source locations)\b.*", "", line)
   return f"{type(error).__name__}: {line[:400]}"
 
