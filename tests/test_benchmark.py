@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks import allocators, alone, common, run
+from benchmarks import allocators, alone, common, report, run
 from transformer import runtime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -351,13 +351,13 @@ def test_mfu_is_against_the_best_product_of_either_framework():
   H200: both sides' MFU came out high by as much."""
   side = lambda gflops: {"train GFLOP/s": gflops, "train padding (source+target) %": 20.0}
   results = {"sizes": {"base": {"ours": side(300.0), "pytorch": side(200.0), "marian": {}}}}
-  run.set_mfu(results, {"ours": [800e9, 900e9], "pytorch": [1000e9]})
+  report.set_mfu(results, {"ours": [800e9, 900e9], "pytorch": [1000e9]})
   assert results["matmul_peak_used"] == {"gflops": 1000.0, "of": "pytorch"}
   res = results["sizes"]["base"]
   assert res["ours"]["train MFU (padded) %"] == pytest.approx(30.0)
   assert res["pytorch"]["train MFU (padded) %"] == pytest.approx(20.0)
   assert res["ours"]["train MFU (real tokens) %"] == pytest.approx(24.0)
-  run.set_mfu(results, {"ours": [1200e9], "pytorch": []})  # PyTorch not run.
+  report.set_mfu(results, {"ours": [1200e9], "pytorch": []})  # PyTorch not run.
   assert results["matmul_peak_used"]["of"] == "ours"
   assert res["ours"]["train MFU (padded) %"] == pytest.approx(25.0)
 
