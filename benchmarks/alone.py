@@ -66,22 +66,16 @@ def decode_side(side, size, max_extra_len=50):
   ours from freshly initialised parameters (every row runs to its limit, so the
   weights change no work)."""
   sources, limits = common.decode_batch(size, common.synthetic_examples(size), max_extra_len)
-  runs = {}
   if side == "ours":
     from benchmarks import jax_bench  # pylint: disable=g-import-not-at-top
     model, state, _, _ = jax_bench.setup(size)
-    for mode, name in (("greedy", "greedy"), ("beam", "beam4")):
-      _, runs[name] = jax_bench.decoder(model, state.params, sources, mode=mode, beam_size=4,
-                                        max_extra_len=max_extra_len)
+    runs = {name: run for name, (_, run) in jax_bench.decoders(
+        model, state.params, sources, max_extra_len).items()}
   else:
     from benchmarks import marian_bench  # pylint: disable=g-import-not-at-top
     hf = marian_bench.build(size, common.experiment_config(size).model.max_len)
-    for beams, name in ((1, "greedy"), (4, "beam4")):
-      runs[name] = marian_bench.Decoder(hf, sources, limits, num_beams=beams, dtype=size.dtype)
-  times = {name: [] for name in runs}
-  for _ in range(size.decode_repeats):  # Alternating, as in benchmarks.run.
-    for name, run in runs.items():
-      times[name].append(run())
+    runs = marian_bench.decoders(hf, sources, limits, size.dtype)
+  times = common.interleaved(runs, size.decode_repeats)  # As in benchmarks.run.
   return {**{f"{name} sentences/s": len(sources) / statistics.median(ts)
              for name, ts in times.items()},
           **{f"{name} s all": ts for name, ts in times.items()}}
@@ -161,8 +155,9 @@ def main(argv=None):
   common.check_flags(p, args, least={"steps": 1, "decode_repeats": 1, "rounds": 1},
                      outputs=("json",))
   kind = "decode" if args.decode else "train"
-  wrong = [f for f, v in ((("--pack", args.pack), ("--steps", args.steps)) if args.decode
-                          else (("--decode_repeats", args.decode_repeats),)) if v]
+  other_kind = ({"--pack": args.pack, "--steps": args.steps} if args.decode
+                else {"--decode_repeats": args.decode_repeats})
+  wrong = [flag for flag, value in other_kind.items() if value]
   if wrong:
     p.error(f"{wrong[0]} is for {'training' if args.decode else '--decode'} runs")
   names = args.sizes.split(",")

@@ -224,6 +224,16 @@ def decode_batch(size: Size, examples, max_extra_len):
   return sources, generated_tokens(sources, max_extra_len, max_len)
 
 
+def interleaved(runs, repeats):
+  """{name: seconds of each of `repeats` rounds}: every run() once a round, in
+  turn, so that a change in the machine's load hits all of them alike."""
+  times = {name: [] for name in runs}
+  for _ in range(repeats):
+    for name, run in runs.items():
+      times[name].append(run())
+  return times
+
+
 def summarize(size: Size, batches, times, cpu_times, losses, faults):
   """Throughput figures of timed steps, one per batch.
 

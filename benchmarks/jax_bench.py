@@ -134,3 +134,11 @@ def decoder(model, params, sources_BxS, *, mode, beam_size=4, max_extra_len=50):
   with compile_log() as log:
     run()
   return log["seconds"], run
+
+
+def decoders(model, params, sources_BxS, max_extra_len=50):
+  """{'greedy': (compile seconds, run), 'beam4': ...}: our two decodings of the
+  batch (decoder), as every decoding benchmark runs them."""
+  return {name: decoder(model, params, sources_BxS, mode=mode, beam_size=4,
+                        max_extra_len=max_extra_len)
+          for mode, name in (("greedy", "greedy"), ("beam", "beam4"))}

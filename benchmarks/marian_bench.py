@@ -91,3 +91,10 @@ class Decoder:
     seconds = time.perf_counter() - t0
     self.steps = steps_run(out)
     return seconds
+
+
+def decoders(model, sources_BxS, max_len_B, dtype):
+  """{'greedy': Decoder, 'beam4': Decoder}: Marian's two decodings of the batch,
+  the counterparts of jax_bench.decoders."""
+  return {name: Decoder(model, sources_BxS, max_len_B, num_beams=beams, dtype=dtype)
+          for beams, name in ((1, "greedy"), (4, "beam4"))}

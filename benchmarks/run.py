@@ -152,22 +152,18 @@ def bench_size(size, examples, *, peaks, use_torch, use_marian, max_extra_len, p
   model, params = trainers[0].model, trainers[0].state.params
   sources, limits = common.decode_batch(size, examples, max_extra_len)
   runs = {}
-  for mode, name in (("greedy", "greedy"), ("beam", "beam4")):
-    ours[f"{name} compile s"], runs[name] = jax_bench.decoder(
-        model, params, sources, mode=mode, beam_size=4, max_extra_len=max_extra_len)
+  for name, (compile_s, run) in jax_bench.decoders(model, params, sources,
+                                                   max_extra_len).items():
+    ours[f"{name} compile s"], runs[name] = compile_s, run
   if use_torch:
     torch_model = trainers[1].model if torch_train else torch_bench.TorchTransformer(size)
     runs["torch greedy"] = torch_bench.decoder(torch_model, sources, limits, size.dtype)
   if use_marian:
     from benchmarks import marian_bench  # pylint: disable=g-import-not-at-top
     hf = marian_bench.build(size, model.config.max_len)
-    for beams, name in ((1, "greedy"), (4, "beam4")):
-      runs[f"marian {name}"] = marian_bench.Decoder(hf, sources, limits, num_beams=beams,
-                                                    dtype=size.dtype)
-  times = {name: [] for name in runs}
-  for _ in range(size.decode_repeats):
-    for name, run in runs.items():
-      times[name].append(run())
+    for name, run in marian_bench.decoders(hf, sources, limits, size.dtype).items():
+      runs[f"marian {name}"] = run
+  times = common.interleaved(runs, size.decode_repeats)
   # ours/peer in each round of the interleaving: its spread says how far the
   # median ratio can be trusted on this machine.
   per_run = {name: [theirs_s / ours_s for ours_s, theirs_s in zip(times[name.split()[1]], ts)]

@@ -58,12 +58,12 @@ def raise_if_mismatched(messages, candidate: int, directory: str, target) -> Non
   naming the arrays only one side has, or its shape mismatch, naming the model's
   arrays of the shape asked for. Not an unreadable checkpoint: every older one
   has the same arrays, and none is set aside."""
+  misfit = f"checkpoint {candidate} in {directory} does not fit the model built to restore it"
   tree = next((m for m in messages if _TREE_MISMATCH in m), None)
   if tree:
     paths = tree.partition(_TREE_MISMATCH)[2].lstrip(": ")
     raise MismatchedCheckpointError(
-        f"checkpoint {candidate} in {directory} does not fit the model built to restore it: "
-        f"its arrays are not the model's{': ' if paths else ''}{paths}. "
+        f"{misfit}: its arrays are not the model's{': ' if paths else ''}{paths}. "
         "config.model changed since it was saved (its layers, say): put back the "
         "config.json it was trained with (nothing was changed there)")
   found = next(filter(None, map(_SHAPE_MISMATCH.search, messages)), None)
@@ -75,8 +75,7 @@ def raise_if_mismatched(messages, candidate: int, directory: str, target) -> Non
            if str(tuple(leaf.shape)) == wanted]
   names = [n for n in names if n.startswith("params/")] or names  # Not their optimizer moments.
   raise MismatchedCheckpointError(
-      f"checkpoint {candidate} in {directory} does not fit the model built to restore it: "
-      f"it stores {stored} where the model has {wanted}"
+      f"{misfit}: it stores {stored} where the model has {wanted}"
       + (f" ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" if names else "")
       + ". The vocabulary (its size sets the embeddings' rows) or config.model changed "
       "since it was saved: put back the vocabulary and config.json it was trained with "
@@ -152,9 +151,10 @@ def agreed_failure(error):
   """(why a checkpoint read failed: this process's error, else the first other
   process's (named), else None; every process's message, "" where it read its
   part): a failure in any process is a failure in all."""
-  messages = distributed.gather_messages("" if error is None else reason(error))
-  if error is not None:
-    return reason(error), messages
+  mine = "" if error is None else reason(error)
+  messages = distributed.gather_messages(mine)
+  if mine:
+    return mine, messages
   for process, message in enumerate(messages):
     if message:
       return f"process {process} could not read its part: {message}", messages
