@@ -1,4 +1,4 @@
-"""Our side: the library's own jitted train step (training.compile_steps) and KV-cache decoding."""
+"""Our side: the library's own jitted train step (steps.compile_steps) and KV-cache decoding."""
 
 import contextlib
 import functools
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import common
-from transformer import sharding, state as state_lib, training
+from transformer import sharding, state as state_lib, steps
 
 # Decoding runs every row to its length limit: an EOS id no token has, so both
 # frameworks do the same, fixed work (a random-weight model's EOS is arbitrary).
@@ -62,7 +62,7 @@ def setup(size):
   mesh = sharding.make_mesh()
   model, tx, _, shardings, _ = state_lib.build(config, size.vocab_size, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
-  step, _ = training.compile_steps(model, tx, config, mesh, shardings)
+  step, _ = steps.compile_steps(model, tx, config, mesh, shardings)
   return model, state, step, mesh
 
 

@@ -4,7 +4,7 @@
   python -m benchmarks.profile --size base --dtype bfloat16 --tokens_per_batch 25000 \
       --pack --variants reference_attn --interleave --steps 10   # cuDNN's gain on a GPU
 
-Every variant is the library's own train step (training.compile_steps) on the
+Every variant is the library's own train step (steps.compile_steps) on the
 same pipeline batch (the baseline's dtype, batch size and batching set by
 --dtype, --tokens_per_batch and --pack), timed as the median of --steps steps
 after warm-up; its ratio is variant / baseline step time. Variants change one thing, traced in
@@ -42,7 +42,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # pylint: disable=g-import-not-at-top
 
 from benchmarks import common
-from transformer import attention, runtime, sharding, state as state_lib, training
+from transformer import attention, runtime, sharding, state as state_lib, steps as steps_lib
 
 VARIANTS = ("dropout=0", "rbg", "reference_attn", "xla_attn", "bfloat16", "pack")
 
@@ -90,7 +90,7 @@ def _setup(size, batch, name):
     mesh = sharding.make_mesh()
     model, tx, _, shardings, _ = state_lib.build(config, size.vocab_size, mesh)
     state = state_lib.init_state(model, tx, config, shardings)
-    step, _ = training.compile_steps(model, tx, config, mesh, shardings)
+    step, _ = steps_lib.compile_steps(model, tx, config, mesh, shardings)
     return model, state, step, sharding.place_batch(batch, mesh)
 
 
@@ -111,7 +111,7 @@ def time_variant(size, batch, name, steps, parts=False):
   model, state, step, placed = _setup(size, batch, name)
   out = {}
   if parts:
-    loss_fn = functools.partial(training.loss_sums, model=model, label_smoothing=0.1)
+    loss_fn = functools.partial(steps_lib.loss_sums, model=model, label_smoothing=0.1)
     fwd = jax.jit(lambda p, b: loss_fn(p, b)["loss"])
     grad = jax.jit(jax.grad(lambda p, b, r: loss_fn(p, b, rng=r)["loss"]))
     rng = jax.random.key(1)

@@ -77,8 +77,8 @@ def install_hooks(environ):
 
   eval_seconds = float(environ.get("FAULT_EVAL_SECONDS", 0))
   if eval_seconds:
-    from transformer import training  # pylint: disable=g-import-not-at-top
-    evaluate_loss = training.evaluate_loss
+    from transformer import steps  # pylint: disable=g-import-not-at-top
+    evaluate_loss = steps.evaluate_loss
 
     def slow_evaluate_loss(*args, **kwargs):
       sys.stderr.write("fault: evaluating\n")
@@ -86,7 +86,7 @@ def install_hooks(environ):
       time.sleep(eval_seconds)
       return evaluate_loss(*args, **kwargs)
 
-    training.evaluate_loss = slow_evaluate_loss
+    steps.evaluate_loss = slow_evaluate_loss
 
   from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
   save_seconds = float(environ.get("FAULT_SAVE_SECONDS", 0))

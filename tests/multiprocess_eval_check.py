@@ -1,5 +1,5 @@
 """Run by tests/test_multiprocess.py as each process of a job: the teacher-forced
-loss (training.evaluate_loss) of a tiny random model over many small batches,
+loss (steps.evaluate_loss) of a tiny random model over many small batches,
 which `evaluate` and training's evaluations run the same way. Each process
 prints the figures, to be compared with one process's.
 
@@ -13,7 +13,7 @@ import numpy as np
 
 sys.path.insert(0, ".")
 from tests.helpers import tiny_experiment  # pylint: disable=g-import-not-at-top
-from transformer import distributed, sharding, state as state_lib, training
+from transformer import distributed, sharding, state as state_lib, steps
 
 
 def main(batches):
@@ -28,8 +28,8 @@ def main(batches):
   mesh = sharding.make_mesh(spec=config.train.mesh)
   model, tx, _, shardings, _ = state_lib.build(config, 20, mesh)
   params = state_lib.init_state(model, tx, config, shardings).params
-  _, eval_fn = training.compile_steps(model, tx, config, mesh, shardings)
-  metrics = training.evaluate_loss(eval_fn, params, examples, config, mesh)
+  _, eval_fn = steps.compile_steps(model, tx, config, mesh, shardings)
+  metrics = steps.evaluate_loss(eval_fn, params, examples, config, mesh)
   print(f"process {jax.process_index()} of {jax.process_count()}: "
         f"{', '.join(f'{k}={v:.6f}' for k, v in sorted(metrics.items()))}", flush=True)
 

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, ".")
 from tests.helpers import tiny_experiment  # pylint: disable=g-import-not-at-top
-from transformer import inference, runtime, sharding, state as state_lib, training
+from transformer import inference, runtime, sharding, state as state_lib, steps
 
 STEPS = 4
 
@@ -70,7 +70,7 @@ def train(devices, fsdp, spec="data=-1,model=1", make_config=config_for):
   mesh = sharding.make_mesh(devices, spec)
   model, tx, _, shardings, _ = state_lib.build(config, 24, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
-  train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
+  train_fn, _ = steps.compile_steps(model, tx, config, mesh, shardings)
   words = largest_random_draw(train_fn, state, sharding.place_batch(next(batches()), mesh))
   metrics = []
   for batch in batches():

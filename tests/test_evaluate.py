@@ -386,23 +386,23 @@ def test_command_reports_bad_input_without_traceback(tmp_path):
 
 
 def test_the_perplexity_counts_every_batch_of_the_split(workdir):
-  """training.evaluate_loss (training's eval/perplexity, evaluate's perplexity)
+  """steps.evaluate_loss (training's eval/perplexity, evaluate's perplexity)
   sums over every batch: a split cut into many small batches counts every target
   token, and has the perplexity of the split in one batch."""
   import copy  # pylint: disable=import-outside-toplevel
   import functools  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  from transformer import training  # pylint: disable=import-outside-toplevel
+  from transformer import steps  # pylint: disable=import-outside-toplevel
   restored = workdir_lib.restore(workdir)
   examples = next(data_lib.iter_eval(restored.config.data, restored.tokenizer, "test[:40]",
                                      10**6))[0]
-  eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
+  eval_fn = jax.jit(functools.partial(steps.eval_step, model=restored.model,
                                       label_smoothing=0.0))
 
   def loss(tokens_per_batch):
     config = copy.deepcopy(restored.config)
     config.data.tokens_per_batch = tokens_per_batch
-    return training.evaluate_loss(eval_fn, restored.params, examples, config, restored.mesh)
+    return steps.evaluate_loss(eval_fn, restored.params, examples, config, restored.mesh)
 
   small, whole = loss(48), loss(10**5)
   assert small["tokens"] == whole["tokens"] == sum(len(t) for _, t in examples)

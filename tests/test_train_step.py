@@ -1,4 +1,4 @@
-"""train_step on its own: gradient accumulation equals one big batch, padding
+"""steps.train_step on its own: gradient accumulation equals one big batch, padding
 changes no update, dropout draws new masks per step and micro-batch, and the
 compiled step makes no host transfers (the loop around it: test_training.py)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import ADAM_EPS_NOTE, tiny_experiment
-from transformer import sharding, state as state_lib, training
+from transformer import sharding, state as state_lib, steps
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def _tiny_step(data_dir, dropout=0.0):
   targets = rng.integers(4, 23, size=(8, 12)).astype(np.int32)
   targets[::3, 7:] = 0
   batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32), "targets": targets}
-  step = lambda k=1: jax.jit(lambda s, b: training.train_step(
+  step = lambda k=1: jax.jit(lambda s, b: steps.train_step(
       s, b, model=model, tx=tx, label_smoothing=0.1, grad_accum_steps=k))
   return state, batch, step
 
@@ -91,7 +91,7 @@ def test_train_step_makes_no_host_transfers(data_dir):
   mesh = sharding.make_mesh()
   model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
   state = state_lib.init_state(model, tx, config, shardings)
-  train_fn, _ = training.compile_steps(model, tx, config, mesh, shardings)
+  train_fn, _ = steps.compile_steps(model, tx, config, mesh, shardings)
   rng = np.random.default_rng(0)
   batch = {"inputs": rng.integers(4, 23, size=(8, 10)).astype(np.int32),
            "targets": rng.integers(4, 23, size=(8, 12)).astype(np.int32)}

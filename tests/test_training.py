@@ -18,7 +18,7 @@ import pytest
 
 from tests import process_helpers
 from tests.helpers import ADAM_EPS_NOTE, tiny_experiment
-from transformer import checkpoints, optim, sharding, state as state_lib, training
+from transformer import checkpoints, optim, sharding, state as state_lib, steps, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,7 +107,7 @@ def test_the_loop_runs_at_most_steps_ahead_of_the_devices(tmp_path, data_dir, mo
   else:
     monkeypatch.setattr(training, "steps_ahead", lambda: ahead)
   losses, in_flight = [], []
-  compile_steps = training.compile_steps
+  compile_steps = steps.compile_steps
 
   def slowed(*args, **kwargs):
     train_fn, eval_fn = compile_steps(*args, **kwargs)
@@ -126,7 +126,7 @@ def test_the_loop_runs_at_most_steps_ahead_of_the_devices(tmp_path, data_dir, mo
 
     return dispatch, eval_fn
 
-  monkeypatch.setattr(training, "compile_steps", slowed)
+  monkeypatch.setattr(steps, "compile_steps", slowed)
   config = tiny_experiment(data_dir, num_steps=8, log_every=8, eval_every=8,
                            checkpoint_every=8)
   training.train_and_evaluate(config, str(tmp_path / "w"))
@@ -413,17 +413,17 @@ def test_evaluation_rows_are_split_over_hosts(data_dir, monkeypatch):
   mesh = sharding.make_mesh(jax.devices()[:1])
   model, tx, _, shardings, _ = state_lib.build(config, 23, mesh)
   params = state_lib.init_state(model, tx, config, shardings).params
-  _, eval_fn = training.compile_steps(model, tx, config, mesh, shardings)
+  _, eval_fn = steps.compile_steps(model, tx, config, mesh, shardings)
   rng = np.random.default_rng(0)
   examples = [(rng.integers(4, 23, size=n).astype(np.int32),
                rng.integers(4, 23, size=n + 2).astype(np.int32)) for n in range(1, 30)]
-  whole = training.evaluate_loss(eval_fn, params, examples, config, mesh)
+  whole = steps.evaluate_loss(eval_fn, params, examples, config, mesh)
   assert whole["tokens"] == sum(len(t) for _, t in examples)
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   shares = []
   for host in (0, 1):
     monkeypatch.setattr(jax, "process_index", lambda host=host: host)
-    shares.append(training.evaluate_loss(eval_fn, params, examples, config, mesh))
+    shares.append(steps.evaluate_loss(eval_fn, params, examples, config, mesh))
   assert shares[0]["tokens"] + shares[1]["tokens"] == whole["tokens"]
   assert 0 < shares[0]["tokens"] < whole["tokens"]
   nll = sum(m["nll"] * m["tokens"] for m in shares) / whole["tokens"]

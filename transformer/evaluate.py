@@ -51,7 +51,7 @@ from absl import logging
 import jax
 
 from transformer import data as data_lib
-from transformer import decode, distributed, files, inference, runtime, training
+from transformer import decode, distributed, files, inference, runtime, steps
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 from transformer.config import REFILLING_ARCHITECTURES, SCORED_DECODE_MODES
@@ -184,7 +184,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   if identity != workdir_lib.checkpoint_identity(workdir, checkpoint, metric, restored.step):
     raise runtime.CommandError(f"the {checkpoint} checkpoint of {workdir} was replaced while "
                                "evaluate read it: rerun")
-  eval_fn = jax.jit(functools.partial(training.eval_step, model=restored.model,
+  eval_fn = jax.jit(functools.partial(steps.eval_step, model=restored.model,
                                       label_smoothing=config.train.label_smoothing))
   scorer = metrics_lib.Scorer(config.data.dataset)
   timings, truncated, loss_totals, wall = collections.Counter(), collections.Counter(), None, 0.0
@@ -204,13 +204,13 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
       wall += time.perf_counter() - start
       timings.update(chunk_timings)
       truncated.update({k: stats[k] for k in ("truncated_sources", "truncated_targets")})
-      loss_totals = training.eval_loss_sums(eval_fn, restored.params, examples, config,
+      loss_totals = steps.eval_loss_sums(eval_fn, restored.params, examples, config,
                                             restored.mesh, loss_totals)
       if out is not None:
         files.write_lines(out, hypotheses)
     if not scorer.count:
       raise ValueError(f"split {split!r} of {config.data.dataset} has no examples")
-    loss = training.loss_metrics(loss_totals)
+    loss = steps.loss_metrics(loss_totals)
     if truncated["truncated_targets"] and jax.process_index() == 0:
       logging.warning("%d references of %s are longer than data.max_length=%d tokens: the "
                       "perplexity scores them cut there, with an EOS they lack (the scores "
