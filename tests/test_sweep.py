@@ -325,6 +325,26 @@ def test_conflicting_modes_and_a_workdir_that_is_a_file_are_one_line(tmp_path):
   assert os.path.getsize(tmp_path / "afile") == 0
 
 
+def test_the_closing_summary_names_the_invalid_variants_too(tmp_path):
+  """The summary after the runs named only the variants run: an invalid one,
+  reported hours before, was missing from it. Here the valid variant fails at
+  once (its workdir is a file), so nothing trains."""
+  workdir = tmp_path / "runs"
+  workdir.mkdir()
+  (workdir / "pre").write_text("")
+  out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep",
+                        write_sweep(tmp_path), "--workdir", str(workdir),
+                        "--only", "typo,pre,bad-value"],
+                       cwd=ROOT, capture_output=True, text=True, env=process_helpers.command_env())
+  assert out.returncode == 1, out.stderr[-2000:]  # pre failed.
+  lines = out.stdout.splitlines()
+  assert [line.split(":")[0] for line in lines] == ["pre", "typo", "bad-value"], out.stdout
+  assert lines[0] == "pre: failed"
+  assert lines[1] == f"typo: invalid, not run (config.model.dropuot: unknown field (not in {DEFAULT}))"
+  assert lines[2].startswith("bad-value: invalid, not run (")
+  assert os.path.getsize(workdir / "pre") == 0
+
+
 def test_only_invalid_variants_is_an_error_not_an_empty_run(tmp_path):
   """--only naming invalid variants alone ran nothing and exited 0 (and an
   emitted job array read --array=0--1); with a valid one beside them it runs."""

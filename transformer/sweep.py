@@ -28,7 +28,8 @@ get_sweep sees it (so scaled variants follow it) and so every variant; a
 variant's own value of that field wins. Overrides are parsed by ml_collections' config flags exactly as train.py
 parses `--config.field=value` (types from the base's fields), and each variant
 is checked with check_config: one that is invalid for its base is reported, with
-the field and the reason, before anything runs, and the valid ones still run.
+the field and the reason, before anything runs and again in the closing
+summary, and the valid ones still run.
 
 Each variant trains in <workdir>/<variant>/, an ordinary training workdir, in a
 subprocess of train.py (transformer/sweep_run.py): a crash or a leak in one variant cannot take the sweep
@@ -369,6 +370,16 @@ def define_flags():
                     "default all. --collect always reads them all.")
 
 
+def outcomes(sweep, done: dict) -> list:
+  """`name: status` of each variant run_local reached, and `name: invalid, not
+  run (reason)` of each invalid one, in the sweep's order: the invalid ones
+  were named before hours of training, and a summary without them reads as if
+  every variant ran."""
+  return [f"{v.name}: {done[v.name]}" if v.name in done else
+          f"{v.name}: invalid, not run ({v.error})"
+          for v in sweep.variants if v.name in done or v.error]
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -419,7 +430,7 @@ def main(argv):
   else:
     signals = sweep_run.ForwardedSignals()
     done = sweep_run.run_local(sweep, workdir, signals=signals)
-    print("\n".join(f"{name}: {status}" for name, status in done.items()))
+    print("\n".join(outcomes(sweep, done)))
     if signals.received:
       stopped = [name for name, status in done.items() if status == "stopped"]
       sys.stderr.write(f"sweep: stopped by {signal.Signals(signals.received).name}; rerun "
