@@ -299,20 +299,22 @@ MATMUL_FLAGS = ("fma", "avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_til
 
 def cpu_description(path="/proc/cpuinfo"):
   """{'cpu_model', 'cpu_flags'}: machines differ between runs (AVX-512 with bfloat16
-  instructions, or AVX2 only), and the figures mean little without it."""
-  model, found = "", []
+  instructions, or AVX2 only), and the figures mean little without it. The model
+  name is followed by the family and model numbers, which tell chips apart
+  where a VM names them all "Intel(R) Xeon(R) Processor"."""
+  first = {}  # The first processor's fields.
   try:
     with open(path) as f:
       for line in f:
         key, _, value = line.partition(":")
-        if key.strip() == "model name" and not model:
-          model = value.strip()
-        elif key.strip() == "flags" and not found:
-          have = set(value.split())
-          found = [flag for flag in MATMUL_FLAGS if flag in have]
+        first.setdefault(key.strip(), value.strip())
   except OSError:
     pass
-  return {"cpu_model": model, "cpu_flags": found}
+  have = set(first.get("flags", "").split())
+  model = first.get("model name", "")
+  if model and first.get("cpu family") and first.get("model"):
+    model += f" (family {first['cpu family']}, model {first['model']})"
+  return {"cpu_model": model, "cpu_flags": [flag for flag in MATMUL_FLAGS if flag in have]}
 
 
 def probed_peak(measure, n, dtype, budget_s=30.0, repeats=5):

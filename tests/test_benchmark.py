@@ -381,11 +381,17 @@ def test_epoch_tokens_per_s_weights_each_shape_by_its_batches():
 
 def test_cpu_description_reads_model_and_matmul_flags(tmp_path):
   cpuinfo = tmp_path / "cpuinfo"
-  cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n"
+  cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\n"
+                     "model name\t: AMD EPYC 9R14\n"
                      "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 sha_ni\n"
-                     "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n")
+                     "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n"
+                     "model name\t: AMD EPYC 9R15\nflags\t\t: fpu\n")
   assert common.cpu_description(str(cpuinfo)) == {
-      "cpu_model": "AMD EPYC 9R14", "cpu_flags": ["fma", "avx2", "avx512f", "avx512_bf16"]}
+      "cpu_model": "AMD EPYC 9R14 (family 25, model 17)",
+      "cpu_flags": ["fma", "avx2", "avx512f", "avx512_bf16"]}
+  cpuinfo.write_text("model name\t: Some CPU\nflags\t\t: avx2\n")  # No numbers (not x86).
+  assert common.cpu_description(str(cpuinfo)) == {"cpu_model": "Some CPU",
+                                                  "cpu_flags": ["avx2"]}
   assert common.cpu_description(str(tmp_path / "missing")) == {"cpu_model": "",
                                                                  "cpu_flags": []}
 
