@@ -9,7 +9,8 @@ translation never shares its process with the other framework.
 
 Training (the default) sets ours against PyTorch eager: each run is a fresh
 process (`--side`) with benchmarks.run's batches (ours packed with --pack,
-PyTorch's bucketed; synthetic sentences), one warm-up step per shape and
+PyTorch's bucketed; synthetic sentences, or with --data_dir Multi30k's, which
+each process tokenizes alike), one warm-up step per shape and
 size.train_steps timed steps; figure: real target tokens/s. --decode sets ours
 against Hugging Face Marian (KV cache, random weights; marian_bench.py): greedy
 and beam-4 decoding of benchmarks.run's sources, each row run to its limit,
@@ -39,10 +40,10 @@ PEER_NAMES = {"pytorch": "PyTorch", "marian": "Marian"}
 RESULT = "RESULT "  # The line a side's process prints its figures on.
 
 
-def train_side(side, size, pack):
-  """{'target_tokens_per_s', 'step_s_median', 'step_s_all', 'padding_source_target'}
-  of `side`'s timed steps, in this process."""
-  examples = common.synthetic_examples(size)
+def train_side(side, size, pack, data_dir=None):
+  """{'target_tokens_per_s', 'step_s_median', 'step_s_all', 'padding_source_target',
+  'data_sha1'} of `side`'s timed steps, in this process."""
+  examples = common.examples_of(size, data_dir)
   if side == "ours":
     from benchmarks import jax_bench  # pylint: disable=g-import-not-at-top
     batching, make = ("pack" if pack else "bucket"), jax_bench.Trainer
@@ -55,17 +56,19 @@ def train_side(side, size, pack):
   for i in range(len(batches)):
     trainer.step(i)
   figures = trainer.figures()
-  return {k: figures[k] for k in ("target_tokens_per_s", "step_s_median", "step_s_all",
-                                  "padding_source_target")}
+  return {**{k: figures[k] for k in ("target_tokens_per_s", "step_s_median", "step_s_all",
+                                     "padding_source_target")},
+          "data_sha1": common.data_sha1(a for pair in examples for a in pair)}
 
 
-def decode_side(side, size, max_extra_len=50):
+def decode_side(side, size, data_dir=None, max_extra_len=50):
   """{'greedy sentences/s', 'beam4 sentences/s'} (medians of size.decode_repeats
   timed runs, after a warm-up one), 'greedy s all', 'beam4 s all' of `side`'s
-  decoding of benchmarks.run's sources (common.decode_batch), in this process;
-  ours from freshly initialised parameters (every row runs to its limit, so the
-  weights change no work)."""
-  sources, limits = common.decode_batch(size, common.synthetic_examples(size), max_extra_len)
+  decoding of benchmarks.run's sources (common.decode_batch), and their 'data_sha1',
+  in this process; ours from freshly initialised parameters (every
+  row runs to its limit, so the weights change no work)."""
+  sources, limits = common.decode_batch(size, common.examples_of(size, data_dir),
+                                        max_extra_len)
   if side == "ours":
     from benchmarks import jax_bench  # pylint: disable=g-import-not-at-top
     model, state, _, _ = jax_bench.setup(size)
@@ -78,7 +81,8 @@ def decode_side(side, size, max_extra_len=50):
   times = common.interleaved(runs, size.decode_repeats)  # As in benchmarks.run.
   return {**{f"{name} sentences/s": len(sources) / statistics.median(ts)
              for name, ts in times.items()},
-          **{f"{name} s all": ts for name, ts in times.items()}}
+          **{f"{name} s all": ts for name, ts in times.items()},
+          "data_sha1": common.data_sha1(sources)}
 
 
 def side_env(side, peer_malloc, environ=os.environ):
@@ -106,7 +110,7 @@ def allocator() -> str:
 def _spawn(side, args, name):
   command = [sys.executable, "-m", "benchmarks.alone", "--side", side, "--sizes", name,
              "--dtype", args.dtype] + [f"--{flag}={getattr(args, flag)}" for flag in (
-                 "steps", "decode_repeats") if getattr(args, flag)] + [
+                 "steps", "decode_repeats", "data_dir") if getattr(args, flag)] + [
                      flag for flag in ("--pack", "--decode") if getattr(args, flag[2:])]
   done = subprocess.run(command, capture_output=True, text=True, check=False,
                         env=side_env(side, args.peer_malloc))
@@ -148,6 +152,8 @@ def main(argv=None):
   p.add_argument("--peer_malloc", choices=("default", "commands"), default="default",
                  help="the peer's allocator: glibc's default malloc (as its users run it), "
                  "or the one our commands use (runtime.py; ours always runs under it)")
+  p.add_argument("--data_dir", help="Multi30k text folder (train.en/.de[.gz]), as "
+                 "benchmarks.run's; default synthetic")
   p.add_argument("--json", help="write the results here")
   p.add_argument("--side", choices=("ours", *PEERS.values()),
                  help=argparse.SUPPRESS)  # A side's own process.
@@ -171,8 +177,8 @@ def main(argv=None):
   if args.side:
     runtime.use_fast_malloc()  # Re-executes ours (side_env) with the commands' allocator.
     for name, size in sizes.items():
-      figures = (decode_side(args.side, size) if args.decode
-                 else train_side(args.side, size, args.pack))
+      figures = (decode_side(args.side, size, args.data_dir) if args.decode
+                 else train_side(args.side, size, args.pack, args.data_dir))
       print(RESULT + json.dumps({**figures, "allocator": allocator()}), flush=True)
     return None
 
@@ -184,6 +190,7 @@ def main(argv=None):
     sides = ["ours"]
   results = {"meta": {"kind": kind, "peer": peer, "peer_malloc": args.peer_malloc,
                       "dtype": args.dtype, "pack": args.pack,
+                      "data": args.data_dir or "synthetic",
                       "rounds": args.rounds, "cpu_count": os.cpu_count(),
                       **common.cpu_description()},
              "sizes": {}}

@@ -8,6 +8,7 @@ Sizes (vocabulary sizes are ours: the paper does not give an exact one):
 """
 
 import dataclasses
+import hashlib
 import importlib.util
 import math
 import os
@@ -40,7 +41,8 @@ class Size:
 
 
 SIZES = {
-    "smoke": Size("smoke", 1, 32, 64, 2, 64, tokens_per_batch=256, max_length=16,
+    # V 320: room for the 256 byte pieces of a byte-fallback vocabulary (--data_dir).
+    "smoke": Size("smoke", 1, 32, 64, 2, 320, tokens_per_batch=256, max_length=16,
                   train_steps=3, decode_sentences=4, decode_repeats=1),
     "small": Size("small", 3, 256, 1024, 4, 8000),
     # ~1.5 TFLOP a step: few steps and a short decoding batch keep it to minutes on a CPU.
@@ -120,6 +122,22 @@ def multi30k_examples(size: Size, data_dir, source_lang="en", target_lang="de"):
   tok = tokenizer.train([t for p in pairs for t in p], "bpe", size.vocab_size)
   examples, _ = pipeline.tokenize_pairs(pairs, tok, size.max_length, "drop")
   return examples
+
+
+def examples_of(size: Size, data_dir=None):
+  """What both sides train and decode on: Multi30k's train pairs from `data_dir`
+  (each process tokenizes them alike: the same text, the same SentencePiece
+  training), else synthetic ones."""
+  return multi30k_examples(size, data_dir) if data_dir else synthetic_examples(size)
+
+
+def data_sha1(arrays) -> str:
+  """A short digest of id arrays (examples' sources and targets, or a decoding
+  batch): whether two processes worked on the same data."""
+  digest = hashlib.sha1()
+  for a in arrays:
+    digest.update(np.asarray(a, np.int32).tobytes() + b"|")
+  return digest.hexdigest()[:16]
 
 
 def train_batches(size: Size, examples, seed=0, batching="bucket"):

@@ -370,8 +370,7 @@ def main(argv=None):
   results["sizes"] = {}
   for size in sizes:
     t0 = time.perf_counter()
-    examples = (common.multi30k_examples(size, args.data_dir) if args.data_dir
-                else common.synthetic_examples(size))
+    examples = common.examples_of(size, args.data_dir)
     try:
       results["sizes"][size.name] = bench_size(
           size, examples, peaks=peaks, use_torch=use_torch, use_marian=use_marian,

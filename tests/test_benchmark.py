@@ -276,11 +276,11 @@ def test_timed_batches_padding_counts_both_sides():
   assert figures["padding_source_target"] == pytest.approx(1 - 3 / 6)
 
 
-def _alone(tmp_path, *flags):
-  """(benchmarks.alone's JSON results of smoke, its stdout) for `flags`, 2 rounds."""
+def _alone(tmp_path, *flags, rounds=2):
+  """(benchmarks.alone's JSON results of smoke, its stdout) for `flags`."""
   out = tmp_path / "alone.json"
   result = subprocess.run(
-      [sys.executable, "-m", "benchmarks.alone", "--sizes", "smoke", "--rounds", "2",
+      [sys.executable, "-m", "benchmarks.alone", "--sizes", "smoke", "--rounds", str(rounds),
        "--json", str(out), *flags], cwd=ROOT, capture_output=True, text=True,
       timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert result.returncode == 0, result.stderr[-3000:]
@@ -326,6 +326,33 @@ def test_alone_runs_each_side_in_a_process_of_its_own_in_alternation(kind, tmp_p
     assert "each alone, medians of 2 runs" in stdout
   else:
     assert "ours alone" in stdout
+
+
+@pytest.mark.parametrize("kind", ["train", "decode"])
+def test_alone_gives_every_side_process_the_same_text_data(kind, tmp_path):
+  """--data_dir: each side's process (one round: ours, and the peer where
+  installed) reads the text folder and trains its own SentencePiece model on
+  it; each trains on (or decodes) the same ids, the text's as this process
+  tokenizes it, not the synthetic ones."""
+  rng = np.random.default_rng(0)
+  words = ["".join(rng.choice(list("abcdefgh"), rng.integers(2, 6))) for _ in range(40)]
+  data = tmp_path / "text"
+  data.mkdir()
+  for lang in ("en", "de"):
+    (data / f"train.{lang}").write_text("\n".join(
+        " ".join(rng.choice(words, rng.integers(3, 9))) for _ in range(300)) + "\n")
+  flags = ["--pack", "--steps", "1"] if kind == "train" else ["--decode", "--decode_repeats", "1"]
+  res, _ = _alone(tmp_path, *flags, "--data_dir", str(data), rounds=1)
+  digests = {r["data_sha1"] for runs in res["runs"].values() for r in runs}
+  has_peer = HAS_TORCH if kind == "train" else HAS_MARIAN
+  assert len(digests) == 1 and len(res["runs"]) == (2 if has_peer else 1)
+  smoke = common.SIZES["smoke"]
+  for examples, same in ((common.multi30k_examples(smoke, str(data)), True),
+                         (common.synthetic_examples(smoke), False)):
+    expected = (common.data_sha1(a for pair in examples for a in pair) if kind == "train"
+                else common.data_sha1(common.decode_batch(smoke, examples, 50)[0]))
+    assert (expected in digests) == same
+  assert json.loads((tmp_path / "alone.json").read_text())["meta"]["data"] == str(data)
 
 
 def test_alone_runs_the_peer_under_its_users_allocator_unless_told():
