@@ -1,7 +1,7 @@
 """What both frameworks share: benchmark sizes, the real pipeline's batches, the FLOP count.
 
 Sizes (vocabulary sizes are ours: the paper does not give an exact one):
-  smoke  1+1 layers, d_model 32,  d_ff 64,   2 heads, V 64,    256 tokens a batch (CI)
+  smoke  1+1 layers, d_model 32,  d_ff 64,   2 heads, V 320,   256 tokens a batch (CI)
   small  3+3 layers, d_model 256, d_ff 1024, 4 heads, V 8000,  4096 tokens a batch
   base   6+6 layers, d_model 512, d_ff 2048, 8 heads, V 37000, 4096 tokens a batch
          (Table 3 base with configs/base.py's shared 37k vocabulary)
