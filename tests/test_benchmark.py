@@ -12,8 +12,8 @@ import json
 import math
 import os
 import re
-import subprocess
 import statistics
+import subprocess
 import sys
 
 import numpy as np
@@ -319,7 +319,6 @@ def test_alone_runs_each_side_in_a_process_of_its_own_in_alternation(kind, tmp_p
     assert all(commands["GLIBC_TUNABLES"] in r["allocator"] for r in res["runs"]["ours"])
   if has_peer:
     assert all(r["allocator"] == "glibc malloc, default settings" for r in res["runs"][peer])
-  if has_peer:
     for k in figures:
       assert res[f"ours/{peer}"][k] == pytest.approx(
           res["medians"]["ours"][k] / res["medians"][peer][k])
