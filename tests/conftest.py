@@ -6,6 +6,14 @@ Tests marked `long` (minutes each: further multi-process jobs) run only with
 Implicit rank promotion is an error (it hides shape bugs). Compiled programs are
 cached on disk for the session, so the many tiny training runs of the tests
 that share shapes compile once.
+
+Compiling is most of the suite's time, and LLVM's optimisations are about half of
+each compilation, so the tests' programs (tiny models, run for seconds) compile
+without them: XLA_FLAGS gets --xla_backend_optimization_level=0, which the
+tests' subprocesses inherit. The HLO is the same, and so is what the tests
+check; float round-off may differ in the last bits from the optimised build
+(a float32 training step: 5e-7), which the benchmarks and real runs use. Give
+another level in XLA_FLAGS to test at that one.
 """
 import os
 import tempfile
@@ -13,6 +21,9 @@ import tempfile
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join(
+      filter(None, [os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"]))
 
 import jax
 

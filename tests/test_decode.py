@@ -85,10 +85,8 @@ def test_decoding_runs_any_model_through_the_contract(monkeypatch):
 # The real model (tiny, randomly initialised).
 
 M_EOS, M_V = 3, 11
-# Compiling dominates these tests; without LLVM optimisation it takes ~half as long.
-FAST = dict(compiler_options={'xla_backend_optimization_level': 0})
 # eos_id is traced: pass it always (an omitted default would be another compilation).
-decode_jit = jax.jit(decode.encode_and_decode, **FAST,
+decode_jit = jax.jit(decode.encode_and_decode,
                      static_argnames=('model', 'mode', 'beam_size', 'max_extra_len', 'top_k',
                                       'compact', 'refill'))
 
@@ -104,7 +102,7 @@ def tiny_model(score='scaled_dot', track_beams=True, d_k=0, max_len=16, dtype='f
   model = Transformer(cfg)
   ones = jnp.ones((1, 4), jnp.int32)
   return (TransformerDecoding(model, track_beams=track_beams),
-          jax.jit(model.init, **FAST)(jax.random.key(0), ones, ones)['params'])
+          jax.jit(model.init)(jax.random.key(0), ones, ones)['params'])
 
 
 def sources(lengths, width, seed=0):
@@ -131,7 +129,7 @@ def model_scores(model, params, inputs_BxS, ids_BxL, alpha):
 @functools.lru_cache(maxsize=None)
 def forward(decoding):
   """The teacher-forced forward pass of the Transformer behind `decoding`."""
-  return jax.jit(decoding.model.apply, **FAST)
+  return jax.jit(decoding.model.apply)
 
 
 # Shared by the model tests (fewer compilations). Row limits: 6 + 12 capped to
@@ -149,7 +147,7 @@ def test_cached_steps_equal_teacher_forced_forward():
   targets_BxT = jnp.asarray(sources([16, 16], 16, seed=2))  # shapes as model_scores
   full_BxTxV = forward(model)({'params': params}, inputs_BxS, targets_BxT)
 
-  @functools.partial(jax.jit, **FAST)
+  @jax.jit
   def incremental(params, inputs_BxS, dec_in_BxT):
     context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 16)
 
@@ -191,7 +189,7 @@ def test_bfloat16_self_attention_cache_dtype_changes_nothing(monkeypatch):
                     d_ff=64, num_heads=2, dropout=0.0, max_len=16, dtype='bfloat16')
   ones = jnp.ones((1, 4), jnp.int32)
   model = TransformerDecoding(Transformer(cfg))
-  params = jax.jit(Transformer(cfg).init, **FAST)(jax.random.key(0), ones, ones)['params']
+  params = jax.jit(Transformer(cfg).init)(jax.random.key(0), ones, ones)['params']
   inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))
   dec_in_BxT = jnp.asarray(sources([16, 16], 16, seed=2))
   landed = attention.self_cache_dtype
@@ -201,7 +199,7 @@ def test_bfloat16_self_attention_cache_dtype_changes_nothing(monkeypatch):
 
     seen = {}
 
-    @functools.partial(jax.jit, **FAST)
+    @jax.jit
     def incremental(params):  # The step logits, teacher-forced; records the cache dtypes.
       context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 16)
       seen['cache'] = {x.dtype for x in jax.tree.leaves(cache) if x.ndim == 4}
@@ -276,7 +274,7 @@ def test_model_reordered_cache_equals_forward_of_reordered_prefixes(
   tokens_NxT[:, 0] = model.bos_id
   parents_TxBxK = r.randint(0, K, (T, B, K)).astype(np.int32)
 
-  @functools.partial(jax.jit, **FAST)
+  @jax.jit
   def cached(params):
     context, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, 3)
     context, cache = jax.tree.map(
@@ -463,7 +461,7 @@ def test_model_cache_growth_changes_nothing(monkeypatch):
   for first in (1, 7, 100):   # grow after step 0, midway, never (capped to L)
     monkeypatch.setattr(decode, 'first_cache_len', lambda S, first=first: first)
     run = jax.jit(functools.partial(decode.encode_and_decode, model, max_extra_len=EXTRA,
-                                    beam_size=3), static_argnames=('mode',), **FAST)
+                                    beam_size=3), static_argnames=('mode',))
     for mode, eos_id in itertools.product(('greedy', 'beam'), (M_EOS, M_V)):
       outputs.setdefault((mode, eos_id), []).append(
           np.asarray(run(params, inputs_BxS, mode=mode, eos_id=eos_id)))

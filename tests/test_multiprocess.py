@@ -44,8 +44,7 @@ def job_env(devices):
   tests' compilation cache."""
   env = {k: v for k, v in os.environ.items()
          if k not in (distributed.ADDRESS, distributed.COUNT, distributed.INDEX)}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_PLATFORMS="cpu",
+  env.update(launch.cpu_devices(os.environ, devices),
              TRANSFORMER_COMPILATION_CACHE=jax.config.jax_compilation_cache_dir or "0")
   return env
 

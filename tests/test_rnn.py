@@ -22,8 +22,6 @@ from transformer.rnn import RNNDecoding, RNNEncoderDecoder
 from transformer.state import parameter_count, parameter_shapes
 
 V = 23
-# Compiling dominates; without LLVM optimisation it takes about half as long.
-FAST = dict(compiler_options={"xla_backend_optimization_level": 0})
 # Each attention with a different cell, depth and feeding, to cover them in few compilations.
 VARIANTS = {
     "bahdanau": dict(rnn_attention="bahdanau", rnn_cell="gru", num_layers=2),
@@ -44,12 +42,12 @@ def tiny(variant):
   """(model, params) of a tiny RNN, initialised once per variant."""
   model = RNNEncoderDecoder(rnn_config(**VARIANTS[variant]))
   ones = jnp.ones((1, 4), jnp.int32)
-  return model, jax.jit(model.init, **FAST)(jax.random.key(0), ones, ones)["params"]
+  return model, jax.jit(model.init)(jax.random.key(0), ones, ones)["params"]
 
 
 @functools.lru_cache(maxsize=None)
 def jitted(model, method=None):
-  return jax.jit(functools.partial(model.apply, method=method), **FAST)
+  return jax.jit(functools.partial(model.apply, method=method))
 
 
 def forward(variant, inputs, targets):
@@ -235,7 +233,7 @@ def test_decoding_steps_equal_the_teacher_forced_pass(variant):
   inputs = jnp.asarray(random_tokens(rng, [5, 3], 6, V))
   targets = jnp.asarray(random_tokens(rng, [7, 7], 7, V))
 
-  @functools.partial(jax.jit, **FAST)
+  @jax.jit
   def stepwise(params, inputs, decoder_inputs):
     context, cache = decoding.init_state(params, decoding.encode(params, inputs), inputs, 0)
 
@@ -277,7 +275,7 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(variant):
 
   def loss(params):
     return jnp.mean(half.apply({"params": params}, inputs, targets) ** 2)
-  grads = jax.jit(jax.grad(loss), **FAST)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   assert all(g.dtype == jnp.float32 and bool(jnp.isfinite(g).all())
              for g in jax.tree.leaves(grads))
   # The source annotations (the context decoding reads) and the decoding state
@@ -286,7 +284,7 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(variant):
   assert encoded.dtype == jnp.bfloat16
   decoding = RNNDecoding(half)
   greedy = jax.jit(functools.partial(decode.encode_and_decode, decoding, mode="greedy",
-                                     max_extra_len=3, eos_id=V), **FAST)(params, inputs)
+                                     max_extra_len=3, eos_id=V))(params, inputs)
   assert greedy.shape == (2, 9) and int(greedy.max()) < V
 
 
@@ -294,7 +292,7 @@ def test_beam_size_one_equals_greedy():
   model, params = tiny("bahdanau")
   inputs = jnp.asarray(random_tokens(np.random.default_rng(3), [6, 2], 6, V))
   run = jax.jit(functools.partial(decode.encode_and_decode, RNNDecoding(model), max_extra_len=5),
-                static_argnames=("mode", "beam_size"), **FAST)
+                static_argnames=("mode", "beam_size"))
   for eos_id in (3, V):  # The real EOS (alpha 0), and one the model cannot emit.
     np.testing.assert_array_equal(
         run(params, inputs, mode="beam", beam_size=1, alpha=0.0, eos_id=eos_id),

@@ -18,7 +18,7 @@ import pytest
 
 from tests import process_helpers
 from tests.helpers import ADAM_EPS_NOTE, tiny_experiment
-from transformer import checkpoints, optim, sharding, state as state_lib, steps, training
+from transformer import checkpoints, launch, optim, sharding, state as state_lib, steps, training
 from transformer import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -432,8 +432,7 @@ def test_evaluation_rows_are_split_over_hosts(data_dir, monkeypatch):
 
 def test_sharded_step_equals_single_device():
   # Eight CPU devices, also on a machine with a GPU (which would be the one device).
-  env = process_helpers.command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8",
-                                    JAX_PLATFORMS="cpu")
+  env = process_helpers.command_env(**launch.cpu_devices(os.environ, 8))
   out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "sharded_step_check.py")],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -56,13 +56,17 @@ def process_env(environ, port, processes, index, devices_per_process=None) -> di
   env = dict(environ, **{distributed.ADDRESS: f"127.0.0.1:{port}",
                          distributed.COUNT: str(processes), distributed.INDEX: str(index)})
   if devices_per_process:
-    flags_ = re.sub(r"--xla_force_host_platform_device_count=\S*", "",
-                    environ.get("XLA_FLAGS", ""))
-    env["XLA_FLAGS"] = " ".join(
-        filter(None, [flags_.strip(),
-                      f"--xla_force_host_platform_device_count={devices_per_process}"]))
-    env["JAX_PLATFORMS"] = "cpu"
+    env.update(cpu_devices(environ, devices_per_process))
   return env
+
+
+def cpu_devices(environ, count) -> dict:
+  """XLA_FLAGS and JAX_PLATFORMS for `count` CPU devices; `environ`'s other XLA
+  flags are kept, its device count replaced."""
+  flags_ = re.sub(r"--xla_force_host_platform_device_count=\S*", "", environ.get("XLA_FLAGS", ""))
+  return {"XLA_FLAGS": " ".join(filter(None, [flags_.strip(),
+                                              f"--xla_force_host_platform_device_count={count}"])),
+          "JAX_PLATFORMS": "cpu"}
 
 
 def command_line(command) -> list:
