@@ -10,10 +10,11 @@ that share shapes compile once.
 Compiling is most of the suite's time, and LLVM's optimisations are about half of
 each compilation, so the tests' programs (tiny models, run for seconds) compile
 without them: XLA_FLAGS gets --xla_backend_optimization_level=0, which the
-tests' subprocesses inherit. The HLO is the same, and so is what the tests
-check; float round-off may differ in the last bits from the optimised build
-(a float32 training step: 5e-7), which the benchmarks and real runs use. Give
-another level in XLA_FLAGS to test at that one.
+tests' subprocesses inherit. XLA's optimised HLO is the same (compared for a
+training step), and so is what the tests check; LLVM's code rounds floats
+differently in the last bits (a float32 training step's parameters: 5e-7) from
+the optimised build, which the benchmarks and real runs use. Give another level
+in XLA_FLAGS to test at that one.
 """
 import os
 import tempfile
