@@ -42,7 +42,7 @@ RESULT = "RESULT "  # The line a side's process prints its figures on.
 
 def train_side(side, size, pack, data_dir=None):
   """{'target_tokens_per_s', 'step_s_median', 'step_s_all', 'padding_source_target',
-  'data_sha1'} of `side`'s timed steps, in this process."""
+  'tokens_per_batch', 'data_sha1'} of `side`'s timed steps, in this process."""
   examples = common.examples_of(size, data_dir)
   if side == "ours":
     from benchmarks import jax_bench  # pylint: disable=g-import-not-at-top
@@ -58,6 +58,7 @@ def train_side(side, size, pack, data_dir=None):
   figures = trainer.figures()
   return {**{k: figures[k] for k in ("target_tokens_per_s", "step_s_median", "step_s_all",
                                      "padding_source_target")},
+          "tokens_per_batch": size.tokens_per_batch,
           "data_sha1": common.data_sha1(a for pair in examples for a in pair)}
 
 
@@ -110,7 +111,8 @@ def allocator() -> str:
 def _spawn(side, args, name):
   command = [sys.executable, "-m", "benchmarks.alone", "--side", side, "--sizes", name,
              "--dtype", args.dtype] + [f"--{flag}={getattr(args, flag)}" for flag in (
-                 "steps", "decode_repeats", "data_dir") if getattr(args, flag)] + [
+                 "steps", "tokens_per_batch", "decode_repeats", "data_dir")
+                 if getattr(args, flag)] + [
                      flag for flag in ("--pack", "--decode") if getattr(args, flag[2:])]
   done = subprocess.run(command, capture_output=True, text=True, check=False,
                         env=side_env(side, args.peer_malloc))
@@ -146,6 +148,9 @@ def main(argv=None):
                  help="decoding against Marian instead of training against PyTorch")
   p.add_argument("--pack", action="store_true", help="ours on packed rows (its recipes' input)")
   p.add_argument("--steps", type=int, help="timed training steps a run (default: the size's)")
+  p.add_argument("--tokens_per_batch", type=int,
+                 help="training batch size in tokens a side, as benchmarks.run's "
+                 "(default: the size's, 4096)")
   p.add_argument("--decode_repeats", type=int,
                  help="timed decoding runs a process, after a warm-up one (default: the size's)")
   p.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating")
@@ -158,10 +163,12 @@ def main(argv=None):
   p.add_argument("--side", choices=("ours", *PEERS.values()),
                  help=argparse.SUPPRESS)  # A side's own process.
   args = p.parse_args(argv)
-  common.check_flags(p, args, least={"steps": 1, "decode_repeats": 1, "rounds": 1},
+  common.check_flags(p, args, least={"steps": 1, "tokens_per_batch": 1, "decode_repeats": 1,
+                                     "rounds": 1},
                      outputs=("json",))
   kind = "decode" if args.decode else "train"
-  other_kind = ({"--pack": args.pack, "--steps": args.steps} if args.decode
+  other_kind = ({"--pack": args.pack, "--steps": args.steps,
+                 "--tokens_per_batch": args.tokens_per_batch} if args.decode
                 else {"--decode_repeats": args.decode_repeats})
   wrong = [flag for flag, value in other_kind.items() if value]
   if wrong:
@@ -171,6 +178,7 @@ def main(argv=None):
   if unknown:
     p.error(f"--sizes: no size {unknown[0]!r} (sizes: {', '.join(common.SIZES)})")
   overrides = {k: v for k, v in (("train_steps", args.steps),
+                                 ("tokens_per_batch", args.tokens_per_batch),
                                  ("decode_repeats", args.decode_repeats)) if v}
   sizes = {n: dataclasses.replace(common.SIZES[n], dtype=args.dtype, **overrides)
            for n in names}

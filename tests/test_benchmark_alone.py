@@ -35,7 +35,7 @@ def test_alone_runs_each_side_in_a_process_of_its_own_in_alternation(kind, tmp_p
   decoding runs (--decode, against Marian) in a fresh process, the rounds in
   ABBA order; without the peer's packages, ours alone."""
   if kind == "train":
-    res, stdout = _alone(tmp_path, "--pack", "--steps", "2")
+    res, stdout = _alone(tmp_path, "--pack", "--steps", "2", "--tokens_per_batch", "192")
     peer, has_peer, figures = "pytorch", HAS_TORCH, ["target_tokens_per_s"]
   else:
     res, stdout = _alone(tmp_path, "--decode", "--decode_repeats", "2")
@@ -48,7 +48,7 @@ def test_alone_runs_each_side_in_a_process_of_its_own_in_alternation(kind, tmp_p
     assert len(runs) == 2
     assert all(r[k] > 0 for r in runs for k in figures)
     if kind == "train":
-      assert all(len(r["step_s_all"]) == 2 for r in runs)
+      assert all(len(r["step_s_all"]) == 2 and r["tokens_per_batch"] == 192 for r in runs)
     else:  # Each figure the median of its runs' sentences/s.
       assert all(len(r["greedy s all"]) == 2 and len(r["beam4 s all"]) == 2 for r in runs)
     for k in figures:
@@ -108,6 +108,8 @@ def test_alone_runs_the_peer_under_its_users_allocator_unless_told():
 
 def test_alone_refuses_flags_of_the_other_kind(capsys):
   for argv, message in ((["--decode", "--pack"], "--pack is for training runs"),
+                        (["--decode", "--tokens_per_batch", "9"],
+                         "--tokens_per_batch is for training runs"),
                         (["--decode_repeats", "2"], "--decode_repeats is for --decode runs")):
     with pytest.raises(SystemExit):
       alone.main(["--sizes", "smoke", *argv])
