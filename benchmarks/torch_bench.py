@@ -18,7 +18,6 @@ import os
 import time
 import warnings
 
-import jax
 import numpy as np
 import torch
 from torch import nn
@@ -26,10 +25,13 @@ import torch.nn.functional as F
 
 from benchmarks import common
 from transformer.data.tokenizer import BOS_ID, PAD_ID
-from transformer.model import shift_right, sinusoidal_table
+from transformer import runtime
+from transformer.model import sinusoidal_table
 from benchmarks.jax_bench import page_faults
 
-DEVICE = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+# Where JAX computes, judged without starting its client: a started one takes 75%
+# of the GPU's memory, which PyTorch's own process (benchmarks.alone) then lacks.
+DEVICE = "cuda" if runtime.accelerator_expected() and torch.cuda.is_available() else "cpu"
 # float32 products on a GPU: JAX's default precision runs them as TF32; PyTorch's
 # is strict float32, about 7x slower on an H200. Both sides get TF32, each
 # framework's fast float32 (what a user of either would turn on).
@@ -106,8 +108,8 @@ def tensor(ids):
 
 
 def _tensors(batch):
-  return (tensor(batch["inputs"]), tensor(shift_right(batch["targets"], BOS_ID)),
-          tensor(batch["targets"]))
+  targets = tensor(batch["targets"])  # Teacher forcing: BOS, then the targets one step late.
+  return tensor(batch["inputs"]), F.pad(targets, (1, 0), value=BOS_ID)[:, :-1], targets
 
 
 def _autocast(dtype):

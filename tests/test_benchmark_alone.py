@@ -114,3 +114,30 @@ def test_alone_refuses_flags_of_the_other_kind(capsys):
     with pytest.raises(SystemExit):
       alone.main(["--sizes", "smoke", *argv])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (requirements-bench.txt)")
+def test_the_peer_s_process_never_starts_jax_s_client():
+  """PyTorch's process leaves JAX's client unstarted: on a GPU a started one holds
+  75% of the memory, and PyTorch ran out of it at base, 100k tokens (benchmarks/
+  README.md, 'Session 42'). Its decoder inputs are ours' shift_right all the same."""
+  script = (
+      "import dataclasses, json\n"
+      "from jax._src import xla_bridge\n"
+      "from benchmarks import alone, common\n"
+      "figures = alone.train_side('pytorch', dataclasses.replace(common.SIZES['smoke'], "
+      "train_steps=1), pack=False)\n"
+      "print(json.dumps([xla_bridge.backends_are_initialized(), "
+      "figures['target_tokens_per_s'] > 0]))\n")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        cwd=ROOT, check=True, timeout=300)
+  assert json.loads(done.stdout.splitlines()[-1]) == [False, True]
+  from benchmarks import torch_bench  # pylint: disable=g-import-not-at-top
+  from transformer.data.tokenizer import BOS_ID  # pylint: disable=g-import-not-at-top
+  from transformer.model import shift_right  # pylint: disable=g-import-not-at-top
+  size = common.SIZES["smoke"]
+  batch = common.timed_batches(size, common.synthetic_examples(size, count=200), 1)[0]
+  _, decoder_inputs, targets = torch_bench._tensors(batch)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(decoder_inputs.cpu().numpy(),
+                                np.asarray(shift_right(batch["targets"], BOS_ID)))
+  np.testing.assert_array_equal(targets.cpu().numpy(), batch["targets"])
