@@ -9,10 +9,12 @@
 #           needs the corpus in $M30K (default .gpu/multi30k: `cp -r ../shared/data/multi30k
 #           .gpu/`, then carry .gpu and .whl to the device); RECIPE_STEPS
 #           and RECIPE_FLAGS (more train.py flags) shorten it for a try on a CPU
-#   bench   the benchmark against PyTorch and Marian at base and small, bfloat16 (~320 s)
+#   bench   training against PyTorch at base (each side alone, 25k tokens) and the
+#           benchmark against PyTorch and Marian at small, bfloat16 (~320 s)
+#   profile our base step's kernels by kind, and XLA's attention against cuDNN's (~120 s)
 #   decode  decoding 128 sentences a batch, base, against Marian (~80 s)
 #   more    the loss, dropout, RNN, optimizer and checkpoint tests (~100 s)
-# Default: tests,recipe. All five take ~16 minutes: more than one 15-minute lease.
+# Default: tests,recipe. All six take ~18 minutes: more than one 15-minute lease.
 # Logs and JSON go to $OUT (default /tmp/gpu_check).
 #   STAGES=tests,bench bash benchmarks/gpu_check.sh
 # It needs JAX with CUDA, PyTorch and transformers (requirements-bench.txt), and
@@ -90,14 +92,22 @@ if want recipe; then
 fi
 
 if want bench; then
-  stage "benchmark, base"
-  timeout 190 "$PYTHON" -m benchmarks.run --sizes base --dtype bfloat16 --tokens_per_batch 25000 \
-      --pack --malloc skip --json "$OUT/bench_base.json" > "$OUT/bench_base.log" 2>&1
-  quiet "$OUT/bench_base.log" 40
+  stage "benchmark, base: each side alone in its own process, 25k tokens"
+  timeout 240 "$PYTHON" -m benchmarks.alone --sizes base --dtype bfloat16 --pack \
+      --tokens_per_batch 25000 --rounds 2 --json "$OUT/bench_base.json" > "$OUT/bench_base.log" 2>&1
+  quiet "$OUT/bench_base.log" 8
   stage "benchmark, small"
   timeout 130 "$PYTHON" -m benchmarks.run --sizes small --dtype bfloat16 --pack --malloc skip \
       --json "$OUT/bench_small.json" > "$OUT/bench_small.log" 2>&1
   quiet "$OUT/bench_small.log" 40
+fi
+
+if want profile; then
+  stage "where our base step's time goes (kernels by kind), and XLA's attention against cuDNN's"
+  timeout 150 "$PYTHON" -m benchmarks.profile --size base --dtype bfloat16 --tokens_per_batch 25000 \
+      --pack --variants xla_attn --trace --steps 5 --json "$OUT/profile.json" \
+      > "$OUT/profile.log" 2>&1
+  quiet "$OUT/profile.log" 45
 fi
 
 if want decode; then

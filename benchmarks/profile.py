@@ -21,7 +21,9 @@ from here (no library file is edited):
                      instead of a bucketed one: compare target tokens/s, not time
 Parts: forward only (the eval loss) and forward + backward (gradients, dropout
 on) time the step without the optimizer. --trace adds the top XLA ops of a
-jax.profiler trace (thunk names on the CPU client threads, summed over steps).
+jax.profiler trace: on a CPU the thunks on the client's threads, on a GPU the
+kernels on its streams, by kind (products, attention, reductions, ...) and with
+the share of the steps' span the device was busy.
 """
 
 import argparse
@@ -143,8 +145,53 @@ def interleave(size, batch, names, steps, packed=None):
               "step_all": wall[n]} for n in runs}
 
 
+# GPU kernels by what they compute, the first match of a lowercased kernel name
+# (cuBLAS's `nvjet_*`, XLA's Triton `gemm_fusion_dot.*`, cuDNN's flash attention
+# `*_sdpa_*` and its helpers `cudnn::*`, XLA's fusions named by their root op).
+GPU_KINDS = (("attention (cuDNN)", ("sdpa", "flash", "cudnn")),
+             ("matmul", ("nvjet", "gemm", "cutlass", "cublas")),
+             ("copy", ("memcpy", "memset")),
+             ("random bits", ("xor", "threefry")),
+             ("reduction", ("reduce",)))
+
+
+def kernel_kind(name):
+  lower = name.lower()
+  return next((kind for kind, marks in GPU_KINDS if any(m in lower for m in marks)),
+              "elementwise fusion")
+
+
+def op_times(planes, steps):
+  """({op: ms per step}, {kind: ms per step}, the kernels' share of the traced span or
+  None) of a jax.profiler trace's planes. A GPU's or TPU's kernels come from its
+  device planes' stream lines; a CPU's ops are the XLA thunks on the client's threads,
+  grouped by name ('ynn_fusion.382' -> 'ynn_fusion', YNNPACK's products)."""
+  planes = [(plane.name, list(plane.lines)) for plane in planes]  # Iterators, read once.
+  streams = [line for name, lines in planes if name.startswith("/device:")
+             and not name.startswith("/device:CPU") for line in lines
+             if line.name.startswith("Stream")]
+  total, kinds, spans = collections.Counter(), collections.Counter(), []
+  for line in streams or [line for _, lines in planes for line in lines
+                          if "PjRtCpuClient" in line.name or "XLAEigen" in line.name]:
+    for e in line.events:
+      if e.name.startswith(("ThreadpoolListener", "ThunkExecutor", "SlinkyThreadPool",
+                            "end: ")):
+        continue
+      total[e.name] += e.duration_ns / 1e6 / steps
+      kinds[kernel_kind(e.name) if streams else e.name.split(".")[0]] += (
+          e.duration_ns / 1e6 / steps)
+      spans.append((e.start_ns, e.start_ns + e.duration_ns))
+  busy = None
+  if streams and spans:  # The device idles between steps while the host dispatches.
+    busy = sum(total.values()) * steps * 1e6 / (max(b for _, b in spans) -
+                                                min(a for a, _ in spans))
+  return total, kinds, busy
+
+
 def top_ops(step, holder, placed, steps=2, top=15):
-  """[(thunk name, ms per step, share)] from a jax.profiler trace of `steps` steps."""
+  """([(op, ms per step, share)], the same by kind, ms per step in all, the kernels'
+  share of the traced span (a GPU's; None on a CPU)) from a jax.profiler trace of
+  `steps` steps."""
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
       for _ in range(steps):
@@ -152,21 +199,10 @@ def top_ops(step, holder, placed, steps=2, top=15):
         jax.block_until_ready((holder[0], m))
     path = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)[0]
     data = jax.profiler.ProfileData.from_file(path)
-  total = collections.Counter()
-  for plane in data.planes:
-    for line in plane.lines:
-      if "PjRtCpuClient" not in line.name and "XLAEigen" not in line.name:
-        continue
-      for e in line.events:
-        if e.name.startswith(("ThreadpoolListener", "ThunkExecutor", "end: ")):
-          continue
-        total[e.name] += e.duration_ns / 1e6 / steps
+  total, kinds, busy = op_times(data.planes, steps)
   whole = sum(total.values()) or 1.0
-  kinds = collections.Counter()
-  for name, ms in total.items():  # 'ynn_fusion.382' -> 'ynn_fusion' (YNNPACK matmuls)
-    kinds[name.split(".")[0]] += ms
   return ([(n, ms, ms / whole) for n, ms in total.most_common(top)],
-          [(n, ms, ms / whole) for n, ms in kinds.most_common(top)], whole)
+          [(n, ms, ms / whole) for n, ms in kinds.most_common(top)], whole, busy)
 
 
 def main(argv=None):
@@ -220,10 +256,12 @@ def main(argv=None):
     base["target_tokens_per_s"] = common.token_counts(batch)[0] / base["step"]
     results["baseline"] = base
     if args.trace:
-      ops, kinds, whole = top_ops(step, holder,
-                                  sharding.place_batch(batch, sharding.make_mesh()))
-      results["top_ops"], results["top_kinds"] = ops, kinds
-      print(f"XLA thunks by kind, then the top ones ({whole:.0f} ms a step in all):")
+      ops, kinds, whole, busy = top_ops(step, holder,
+                                        sharding.place_batch(batch, sharding.make_mesh()))
+      results["top_ops"], results["top_kinds"], results["busy"] = ops, kinds, busy
+      what = "XLA thunks" if busy is None else (
+          f"Device kernels (busy {busy:.0%} of the traced steps' span)")
+      print(f"{what} by kind, then the top ones ({whole:.0f} ms a step in all):")
       for name, ms, share in kinds + [("", 0, 0)] + ops:
         print(f"  {name[:60]:<60} {ms:9.1f} ms {share:6.1%}" if name else "")
     del step, holder

@@ -234,6 +234,49 @@ def test_profile_interleaves_a_variant_over_the_baseline_s_dtype_batch_and_packi
     assert r["step"] > 0 and r["target_tokens_per_s"] > 0
 
 
+def test_profile_traces_the_cpu_s_thunks():
+  """--trace on a CPU: XLA's thunks on the client's threads, grouped by kind."""
+  from benchmarks import profile  # pylint: disable=g-import-not-at-top
+  results = profile.main(["--size", "smoke", "--variants", "none", "--trace", "--steps", "1"])
+  assert results["busy"] is None and results["top_ops"] and results["top_kinds"]
+  assert all(ms > 0 for _, ms, _ in results["top_ops"])
+  assert {n.split(".")[0] for n, _, _ in results["top_ops"]} <= {
+      n for n, _, _ in results["top_kinds"]}
+
+
+def test_profile_reads_a_gpu_s_kernels_from_its_streams_by_kind():
+  """On a GPU the kernels on the device's stream lines count (not the host's threads
+  or the device's per-op summary lines), named by kind, with the share of the span
+  the device was busy. Kernel names from a trace on an H200 (benchmarks/README.md,
+  'Session 42')."""
+  from types import SimpleNamespace as NS  # pylint: disable=g-import-not-at-top
+  from benchmarks import profile  # pylint: disable=g-import-not-at-top
+  names = {
+      "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_"
+      "cga1x1x1_kernel0_0": "attention (cuDNN)",
+      "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*)":
+          "attention (cuDNN)",
+      "nvjet_sm90_tss_128x128_64x6_1x2_h_bz_NTT": "matmul",
+      "gemm_fusion_dot_101": "matmul",
+      "input_reduce_fusion_27": "reduction",
+      "loop_xor_fusion_1": "random bits",
+      "memcpy32_post": "copy",
+      "loop_convert_fusion_1": "elementwise fusion",
+  }
+  kernels = [NS(name=n, start_ns=1000 * i, duration_ns=500) for i, n in enumerate(names)]
+  planes = [NS(name="/host:CPU", lines=[NS(name="PjRtCpuClient", events=[
+                NS(name="host_only", start_ns=0, duration_ns=10 ** 9)])]),
+            NS(name="/device:GPU:0", lines=[
+                NS(name="XLA Ops", events=[NS(name="fusion.1", start_ns=0, duration_ns=10 ** 9)]),
+                NS(name="Stream #14(Compute,Memset)", events=kernels)])]
+  total, kinds, busy = profile.op_times(planes, steps=2)
+  assert set(total) == set(names) and all(ms == 500 / 1e6 / 2 for ms in total.values())
+  assert {k: round(v * 4e3) for k, v in kinds.items()} == {
+      "attention (cuDNN)": 2, "matmul": 2, "reduction": 1, "random bits": 1, "copy": 1,
+      "elementwise fusion": 1}
+  assert busy == pytest.approx(8 * 500 / (7 * 1000 + 500))  # 8 kernels over 7.5 us.
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--size", "bogus"], "argument --size: invalid choice: 'bogus'"),
     (["--variants", "rbg,dropuot=0"], "--variants: no variant 'dropuot=0' (variants: "
