@@ -163,9 +163,10 @@ def kernel_kind(name):
 
 def op_times(planes, steps):
   """({op: ms per step}, {kind: ms per step}, the kernels' share of the traced span or
-  None) of a jax.profiler trace's planes. A GPU's or TPU's kernels come from its
-  device planes' stream lines; a CPU's ops are the XLA thunks on the client's threads,
-  grouped by name ('ynn_fusion.382' -> 'ynn_fusion', YNNPACK's products)."""
+  None) of a jax.profiler trace's planes. A GPU's kernels come from its device
+  plane's stream lines; a CPU's ops are the XLA thunks on the client's threads,
+  grouped by name ('ynn_fusion.382' -> 'ynn_fusion', YNNPACK's products). A TPU's
+  planes are not read."""
   planes = [(plane.name, list(plane.lines)) for plane in planes]  # Iterators, read once.
   streams = [line for name, lines in planes if name.startswith("/device:")
              and not name.startswith("/device:CPU") for line in lines
