@@ -178,14 +178,13 @@ def op_times(planes, steps):
       if e.name.startswith(("ThreadpoolListener", "ThunkExecutor", "SlinkyThreadPool",
                             "end: ")):
         continue
-      total[e.name] += e.duration_ns / 1e6 / steps
-      kinds[kernel_kind(e.name) if streams else e.name.split(".")[0]] += (
-          e.duration_ns / 1e6 / steps)
+      ms = e.duration_ns / 1e6 / steps
+      total[e.name] += ms
+      kinds[kernel_kind(e.name) if streams else e.name.split(".")[0]] += ms
       spans.append((e.start_ns, e.start_ns + e.duration_ns))
   busy = None
   if streams and spans:  # The device idles between steps while the host dispatches.
-    busy = sum(total.values()) * steps * 1e6 / (max(b for _, b in spans) -
-                                                min(a for a, _ in spans))
+    busy = sum(b - a for a, b in spans) / (max(b for _, b in spans) - min(a for a, _ in spans))
   return total, kinds, busy
 
 
