@@ -211,8 +211,8 @@ def test_bfloat16_self_attention_cache_dtype_changes_nothing(monkeypatch):
     logits = np.asarray(incremental(params))
     kw = dict(model=model, params=params, inputs_BxS=inputs_BxS, max_extra_len=EXTRA,
               eos_id=M_V)  # An EOS the model cannot emit: every row runs to its limit.
+    # Sampling runs greedy search's loop over the same cache.
     decodes = [np.asarray(decode_jit(mode='greedy', **kw)),
-               np.asarray(decode_jit(mode='sample', rng=jax.random.key(1), top_k=3, **kw)),
                np.asarray(decode_jit(mode='beam', beam_size=3, **kw))]
     return logits, seen['cache'], seen['beams'], decodes
 
@@ -332,41 +332,51 @@ def test_model_compacting_beam_search_changes_nothing():
 
 
 
-@pytest.mark.parametrize('score', ['scaled_dot', 'additive'])
-def test_model_refilling_beam_search_changes_nothing(score):
+# (score, max_len, eos_id, max_extra_len, refills): EOS 8 ends this model's outputs
+# after 1 to 16 tokens, M_V never (the limits do); max_len 48 with 40 extra tokens
+# widens the key ring to L = 46 many times. Each refill size is run where its case
+# is hardest, additive scores (their own masking) at both ends of the settings.
+REFILL_CASES = [('scaled_dot', 16, 8, EXTRA, (1, 3, 12)), ('scaled_dot', 16, 8, 2, (3,)),
+                ('scaled_dot', 16, M_V, 5, (1,)), ('scaled_dot', 48, M_V, 40, (3,)),
+                ('additive', 16, 8, EXTRA, (3,)), ('additive', 48, M_V, 40, (1,))]
+
+
+@pytest.mark.parametrize('score,max_len,eos_id,extra,refills', REFILL_CASES)
+def test_model_refilling_beam_search_changes_nothing(score, max_len, eos_id, extra, refills):
   """Beam search whose rows take the next sentence as soon as theirs stops
-  (refill = n: the 12 sources searched n at a time) decodes what the whole batch
-  decodes at once: each restarted item's positions count from its own first
-  step, its emptied lineage hides the keys the row's previous item left, and its
-  keys go round a ring of first_len = 14 steps, widened to L while an item is
-  older (with max_len 48 and 40 extra tokens, L = 46: many times). The limits
-  (source length + extra) stop items unevenly; an all-PAD row emits nothing."""
+  (refill = n: the 12 sources searched n at a time; 12 is the whole batch, the
+  search without refilling) decodes what the whole batch decodes at once: each
+  restarted item's positions count from its own first step, its emptied lineage
+  hides the keys the row's previous item left, and its keys go round a ring of
+  first_len = 14 steps, widened to L while an item is older. The limits (source
+  length + extra) stop items unevenly; an all-PAD row emits nothing."""
   lengths = [1, 6, 2, 5, 1, 3, 2, 4, 6, 1, 0, 3]
-  inputs_BxS = jnp.asarray(sources(lengths, 6, seed=5))
-  kw = dict(inputs_BxS=inputs_BxS, mode='beam', beam_size=3)
-  # EOS 8: this model's outputs end after 1 to 16 tokens; M_V: never, at the limits.
-  for max_len, eos_id, extra in ((16, 8, EXTRA), (16, 8, 2), (16, M_V, 5), (48, M_V, 40)):
-    model, params = tiny_model(score, max_len=max_len)
-    full = np.asarray(decode_jit(model=model, params=params, max_extra_len=extra,
-                                 eos_id=eos_id, **kw))
-    lengths_out = (full != 0).sum(1)
-    assert len(set(lengths_out)) > 3, lengths_out  # Items stop unevenly.
-    for refill in (1, 3, 12):
-      np.testing.assert_array_equal(np.asarray(decode_jit(
-          model=model, params=params, max_extra_len=extra, eos_id=eos_id, refill=refill,
-          **kw)), full)
-    assert not full[lengths.index(0)].any()
-  model, params = tiny_model(score)
-  kw['params'] = params
+  kw = dict(inputs_BxS=jnp.asarray(sources(lengths, 6, seed=5)), mode='beam', beam_size=3,
+            max_extra_len=extra, eos_id=eos_id)
+  model, params = tiny_model(score, max_len=max_len)
+  full = np.asarray(decode_jit(model=model, params=params, **kw))
+  lengths_out = (full != 0).sum(1)
+  assert len(set(lengths_out)) > 3, lengths_out  # Items stop unevenly.
+  for refill in refills:
+    np.testing.assert_array_equal(
+        np.asarray(decode_jit(model=model, params=params, refill=refill, **kw)), full)
+  assert not full[lengths.index(0)].any()
+
+
+def test_a_refill_that_cannot_be_done_is_refused():
+  """Refilling needs the lineage (track_beams), beam search's one way of spending
+  its finished rows at a time, and a model that restarts rows."""
+  model, params = tiny_model()
+  kw = dict(params=params, inputs_BxS=jnp.asarray(sources([1, 6, 2], 6)), mode='beam',
+            beam_size=3)
   with pytest.raises(NotImplementedError, match='lineage'):
     decode_jit(model=tiny_model(track_beams=False)[0], max_extra_len=2, eos_id=8, refill=2,
                **kw)
   with pytest.raises(ValueError, match='compact .* and refill'):
     decode_jit(model=model, max_extra_len=2, eos_id=8, refill=2, compact=1, **kw)
   with pytest.raises(ValueError, match='ToyDecoding cannot restart decoding rows'):
-    decode.encode_and_decode(ToyDecoding(), None, inputs_BxS, mode='beam', beam_size=2,
+    decode.encode_and_decode(ToyDecoding(), None, kw['inputs_BxS'], mode='beam', beam_size=2,
                              refill=2)
-
 
 
 def test_a_refill_the_model_cannot_do_is_named_with_the_value_given_before_compiling(
@@ -408,11 +418,14 @@ def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new, dtype):
   are empty. Each slot's keys and values here are the step that wrote them,
   plus 1; its lineage, whether that is odd."""
   model, params = tiny_model(dtype=dtype)
-  inputs_BxS = jnp.asarray(sources([3, 2], 4))
-  _, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, old)
-  cache = model.beams(jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, 2, axis=0),
-                                   cache), 2)
-  flat = traverse_util.flatten_dict(cache)
+
+  @jax.jit  # One program, not each operation compiled on its own.
+  def beams_cache(params, inputs_BxS):
+    _, cache = model.init_state(params, model.encode(params, inputs_BxS), inputs_BxS, old)
+    return model.beams(jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, 2, axis=0),
+                                    cache), 2)
+
+  flat = traverse_util.flatten_dict(beams_cache(params, jnp.asarray(sources([3, 2], 4))))
 
   def held(length, first):  # Slot s holds the last step before t that is s mod length.
     written = t - 1 - (t - 1 - np.arange(length)) % length
@@ -428,7 +441,8 @@ def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new, dtype):
   flat = {k: (jnp.asarray(filled(k, v, held(old, 0))[1], v.dtype) if k[-1] in steps else v)
           for k, v in flat.items()}
   flat[('decoder', 'step')] = jnp.int32(t)
-  got = traverse_util.flatten_dict(model.ring(traverse_util.unflatten_dict(flat), new))
+  ring = jax.jit(model.ring, static_argnums=1)
+  got = traverse_util.flatten_dict(ring(traverse_util.unflatten_dict(flat), new))
   for k, v in got.items():
     if k[-1] in steps:
       axis, want = filled(k, v, held(new, max(t - old, 0)))
@@ -439,14 +453,17 @@ def test_model_ring_keeps_the_last_steps_in_their_slots(t, old, new, dtype):
 def test_model_all_pad_rows_emit_nothing():
   """A row with no source tokens only pads a batch: it emits PAD and must not
   keep the loop running (its limit is 0, not max_extra_len); the real row is
-  decoded as if alone."""
+  decoded as it is beside a copy of itself (the shapes of SRC_LENGTHS: the
+  shared programs)."""
   model, params = tiny_model()
-  inputs_BxS = jnp.asarray(sources([3, 0], 3))
+  inputs_BxS = jnp.asarray(sources([3, 0], 6))
   kw = dict(model=model, params=params, max_extra_len=EXTRA, eos_id=M_EOS)
-  for mode in ('greedy', 'beam'):
-    ids_BxL = np.asarray(decode_jit(inputs_BxS=inputs_BxS, mode=mode, **kw))
-    alone = np.asarray(decode_jit(inputs_BxS=inputs_BxS[:1], mode=mode, **kw))
-    np.testing.assert_array_equal(ids_BxL[0], alone[0])
+  for mode, beam in (('greedy', {}), ('beam', dict(beam_size=3))):
+    ids_BxL = np.asarray(decode_jit(inputs_BxS=inputs_BxS, mode=mode, **kw, **beam))
+    twice = np.asarray(decode_jit(inputs_BxS=inputs_BxS[:1].repeat(2, 0), mode=mode, **kw,
+                                  **beam))
+    np.testing.assert_array_equal(ids_BxL[0], twice[0])
+    np.testing.assert_array_equal(twice[1], twice[0])
     assert not ids_BxL[1].any()
 
 
@@ -454,20 +471,25 @@ def test_model_cache_growth_changes_nothing(monkeypatch):
   """Decoding starts on a cache of first_cache_len steps and pads it to the full
   length if the batch runs past them: the outputs must not depend on where (or
   whether) that happens. With an EOS the model cannot emit, every row runs to
-  its limit through the growth."""
+  its limit through the growth: after step 0, at first_cache_len(6) = 14 (the
+  shared decode_jit's programs), or never (a first length capped to L)."""
   model, params = tiny_model()
   inputs_BxS = jnp.asarray(sources(SRC_LENGTHS, 6))
   outputs = {}
-  for first in (1, 7, 100):   # grow after step 0, midway, never (capped to L)
-    monkeypatch.setattr(decode, 'first_cache_len', lambda S, first=first: first)
-    run = jax.jit(functools.partial(decode.encode_and_decode, model, max_extra_len=EXTRA,
-                                    beam_size=3), static_argnames=('mode',))
+  for first in (1, None, 100):
+    if first is None:
+      run = functools.partial(decode_jit, model)
+    else:
+      monkeypatch.setattr(decode, 'first_cache_len', lambda S, first=first: first)
+      run = jax.jit(functools.partial(decode.encode_and_decode, model),
+                    static_argnames=('mode', 'max_extra_len', 'beam_size'))
     for mode, eos_id in itertools.product(('greedy', 'beam'), (M_EOS, M_V)):
-      outputs.setdefault((mode, eos_id), []).append(
-          np.asarray(run(params, inputs_BxS, mode=mode, eos_id=eos_id)))
-  for (mode, eos_id), (grown_early, grown_midway, full) in outputs.items():
+      beam = dict(beam_size=3) if mode == 'beam' else {}
+      outputs.setdefault((mode, eos_id), []).append(np.asarray(
+          run(params, inputs_BxS, mode=mode, eos_id=eos_id, max_extra_len=EXTRA, **beam)))
+  for (mode, eos_id), (grown_early, grown_late, full) in outputs.items():
     np.testing.assert_array_equal(grown_early, full)
-    np.testing.assert_array_equal(grown_midway, full)
+    np.testing.assert_array_equal(grown_late, full)
     if eos_id == M_V:
       assert [int(np.sum(r != 0)) for r in full] == [16, 15]
 
@@ -492,12 +514,14 @@ def test_settings_out_of_range_and_over_long_sources_are_named():
   for bad, message in [(dict(mode='sample', temperature=-1.0), 'temperature must be'),
                        (dict(mode='sample', temperature=float('nan')), 'temperature must be'),
                        (dict(mode='sample', top_k=-5), 'top_k must be >= 0, got -5'),
-                       (dict(mode='sample', top_k=M_V + 1), f'top_k={M_V + 1} is larger than'),
                        (dict(mode='beam', beam_size=0), 'beam_size must be >= 1, got 0'),
                        (dict(mode='beam', alpha=-0.5), 'alpha must be'),
                        (dict(mode='greedy', max_extra_len=-3), 'max_extra_len must be >= 0')]:
     with pytest.raises(ValueError, match=message):
       decode.encode_and_decode(**{**kw, **bad})
+  # The vocabulary is the logits' width: a top_k over it is named while tracing.
+  with pytest.raises(ValueError, match=f'top_k={M_V + 1} is larger than'):
+    decode_jit(**{**kw, 'mode': 'sample', 'top_k': M_V + 1})
   too_long = jnp.asarray(sources([17], 17))  # max_len=16 positions.
   with pytest.raises(ValueError, match='17 tokens is longer than config.model.max_len=16'):
     decode.encode_and_decode(**{**kw, 'inputs_BxS': too_long})
@@ -510,7 +534,11 @@ def test_the_edges_of_each_settings_range_are_settings_not_errors():
   model, params = tiny_model()
   kw = dict(model=model, params=params, inputs_BxS=jnp.asarray(sources(SRC_LENGTHS, 6)),
             max_extra_len=EXTRA, eos_id=M_EOS, rng=jax.random.key(0))
-  for edge in (dict(mode='beam', beam_size=2, alpha=0.0), dict(mode='sample', temperature=0.0),
-               dict(mode='sample', top_k=0), dict(mode='greedy', max_extra_len=0)):
-    decode.check_settings(**edge)
-    assert decode.encode_and_decode(**{**kw, **edge}).shape[0] == len(SRC_LENGTHS), edge
+  # temperature 0 is a Python number (static): the others run the shared programs.
+  cold = functools.partial(decode.encode_and_decode, mode='sample', temperature=0.0)
+  for run, edge in ((decode_jit, dict(mode='beam', beam_size=3, alpha=0.0)),
+                    (jax.jit(cold, static_argnames=('model', 'max_extra_len')), {}),
+                    (decode_jit, dict(mode='sample', top_k=0)),
+                    (decode_jit, dict(mode='greedy', max_extra_len=0))):
+    decode.check_settings(**(edge or dict(mode='sample', temperature=0.0)))
+    assert run(**{**kw, **edge}).shape[0] == len(SRC_LENGTHS), edge
