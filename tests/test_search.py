@@ -80,6 +80,16 @@ def check_well_formed(ids_L):
     assert np.all(ids_L[:e] != PAD) and np.all(ids_L[e + 1:] == PAD)
 
 
+top_log_probs_jit = jax.jit(search.top_log_probs, static_argnums=(2, 3))
+
+
+@functools.partial(jax.jit, static_argnums=2)  # One program, not each operation's own.
+def lax_top_log_probs(x_BxKxV, offset_BxK, k):
+  """(log_softmax(x) + offset flattened per item, lax.top_k of it)."""
+  scores = (jax.nn.log_softmax(x_BxKxV) + offset_BxK[:, :, None]).reshape(x_BxKxV.shape[0], -1)
+  return scores, jax.lax.top_k(scores, k)
+
+
 @settings(max_examples=60, deadline=None)
 @given(items=st.integers(1, 3), beams=st.integers(1, 8), vocab=st.integers(1, 300),
        k=st.integers(1, 16), chunk=st.sampled_from([None, 1, 2, 3, 8, 16]),
@@ -97,10 +107,8 @@ def test_top_log_probs_equals_lax_top_k_of_the_log_softmax(items, beams, vocab, 
   x[np.arange(items)[:, None], np.arange(beams), r.integers(0, vocab, (items, beams))] = 0.0
   offset = -r.integers(0, 2, (items, beams)).astype(np.float32)
   offset[r.random(offset.shape) < neg_inf / 2] = -np.inf
-  scores = (jax.nn.log_softmax(jnp.asarray(x)) + offset[:, :, None]).reshape(items, -1)
-  want_values, want_indices = jax.lax.top_k(scores, k)
-  values, indices = jax.jit(search.top_log_probs, static_argnums=(2, 3))(
-      jnp.asarray(x), jnp.asarray(offset), k, chunk)
+  scores, (want_values, want_indices) = lax_top_log_probs(jnp.asarray(x), jnp.asarray(offset), k)
+  values, indices = top_log_probs_jit(jnp.asarray(x), jnp.asarray(offset), k, chunk)
   if jax.default_backend() == "cpu":
     np.testing.assert_array_equal(values, want_values)
     np.testing.assert_array_equal(indices, want_indices)
@@ -133,7 +141,7 @@ def test_argmax_equals_numpy_argmax_with_ties(rows, length, levels, special, see
   x = r.integers(0, levels, (rows, length)).astype(np.float32)
   for value in (-np.inf, np.inf, np.nan):
     x[r.random((rows, length)) < special / 3] = value
-  got = search.argmax(jnp.asarray(x))
+  got = jax.jit(search.argmax)(jnp.asarray(x))  # As the searches run it: compiled.
   assert got.dtype == jnp.int32
   np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
 
@@ -143,10 +151,9 @@ def test_top_log_probs_on_long_rows_of_distinct_values(vocab):
   """Vocabularies whose chunks are 128, 125 and (8191 is prime) 128 padded."""
   x = jax.random.normal(jax.random.key(0), (2, 4, vocab))
   offset = jax.random.normal(jax.random.key(1), (2, 4))
-  logp = (jax.nn.log_softmax(x) + offset[:, :, None]).reshape(2, -1)
   for k in (1, 8):
-    values, indices = search.top_log_probs(x, offset, k)
-    want_values, want_indices = jax.lax.top_k(logp, k)
+    values, indices = top_log_probs_jit(x, offset, k, None)
+    _, (want_values, want_indices) = lax_top_log_probs(x, offset, k)
     np.testing.assert_array_equal(indices, want_indices)
     np.testing.assert_array_equal(values, want_values)
 
