@@ -33,7 +33,7 @@ def test_decode_ab_compares_compaction_and_refill_with_the_same_outputs(
   out = tmp_path / "ab.json"
   monkeypatch.setattr(sys, "argv", [
       "decode_ab", "--workdir", workdir, "--split", "test", "--limit", "24", "--runs", "2",
-      "--variant", "compact=0", "--variant", "compact=1,tokens_per_batch=128",
+      "--variant", "compact=0", "--variant", "compact=1",
       "--variant", "refill=3", "--json", str(out)])
   decode_ab.main()
   printed = capsys.readouterr().out
@@ -60,28 +60,36 @@ def test_refill_searches_a_normal_batch_of_sentences_at_a_time(workdir, monkeypa
   many sentences at a time as a batch of tokens_per_batch holds (eval_rows), so a
   small batch is not searched a few sentences at a time; a batch no larger than
   that, and beam size 1, search the whole batch as without refill. The outputs
-  are those without refill."""
+  are those without refill. Each batch's (shape, refill) is recorded as its
+  program is fetched; the first run compiles afresh and records what reached
+  encode_and_decode too, which must be the same."""
   restored, examples = _split_and_model(workdir)
-  seen = []
-  encode_and_decode = decode.encode_and_decode
+  fetched, traced = [], []
+  compiled, encode_and_decode = inference._compiled, decode.encode_and_decode  # pylint: disable=protected-access
 
-  def recording(model, params, inputs_BxS, **kw):
-    seen.append((inputs_BxS.shape, kw["refill"]))
+  def fetching(model, params, inputs, rows, rng, mesh, settings):
+    fetched.append((inputs.shape, settings[-1]))
+    return compiled(model, params, inputs, rows, rng, mesh, settings)
+
+  def tracing(model, params, inputs_BxS, **kw):
+    traced.append((inputs_BxS.shape, kw["refill"]))
     return encode_and_decode(model, params, inputs_BxS, **kw)
 
-  monkeypatch.setattr(decode, "encode_and_decode", recording)
+  monkeypatch.setattr(inference, "_compiled", fetching)
+  monkeypatch.setattr(decode, "encode_and_decode", tracing)
 
   def run(examples, refill, beam_size=2):
-    """(outputs, (batch shape, refill) of each batch traced)."""
-    inference._COMPILED.clear()  # pylint: disable=protected-access
-    seen.clear()
+    """(outputs, (batch shape, refill) of each batch)."""
+    fetched.clear()
     outputs = [ids.tolist() for ids in inference.decode_ids(
         restored.model, restored.params, examples, restored.config, restored.mesh,
         mode="beam", beam_size=beam_size, max_extra_len=10, tokens_per_batch=64,
         refill=refill)]
-    return outputs, list(seen)
+    return outputs, list(fetched)
 
+  inference._COMPILED.clear()  # pylint: disable=protected-access
   refilled, batches = run(examples, 4)
+  assert traced == batches
   assert refilled == run(examples, 0)[0]
   assert any(n for _, n in batches), batches
   for (rows, width), n in batches:
@@ -90,8 +98,8 @@ def test_refill_searches_a_normal_batch_of_sentences_at_a_time(workdir, monkeypa
   small, batches = run(examples[:3], 4)  # One small batch: searched whole.
   assert small == run(examples[:3], 0)[0] and [n for _, n in batches] == [0]
   one_beam, batches = run(examples, 4, beam_size=1)
-  assert batches == run(examples, 0, beam_size=1)[1] and not any(n for _, n in batches)
-  assert one_beam == run(examples, 0, beam_size=1)[0]
+  assert (one_beam, batches) == run(examples, 0, beam_size=1)
+  assert not any(n for _, n in batches)
 
 
 def test_concurrent_batches_run_at_once_and_give_the_outputs_of_one_at_a_time(
