@@ -2,8 +2,11 @@
 token batches, train.py's flag parsing, and the sweep files and fake workdirs of
 the sweep and results tests."""
 
+import contextlib
+import fcntl
 import json
 import os
+import shutil
 
 from absl import flags
 import jax
@@ -62,6 +65,28 @@ def init_model(cfg, inputs, targets, seed=0):
   model = Transformer(cfg)
   params = model.init(jax.random.key(seed), jnp.asarray(inputs), jnp.asarray(targets))["params"]
   return model, params
+
+
+def built_once(tmp_path_factory, name, build):
+  """The folder `name`, built by `build(path)` once per test session: pytest-xdist's
+  workers share it (their base temp dirs' parent is the session's), the first to
+  come building it under a file lock while the others wait. A build that failed
+  half-way is started over. (fcntl: a file lock is all this needs.)"""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent
+  path, done = root / name, root / f"{name}.done"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      if not done.exists():
+        with contextlib.suppress(FileNotFoundError):
+          shutil.rmtree(path)
+        build(path)
+        done.touch()
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+  return path
 
 
 def tiny_experiment(data_dir, **train):

@@ -4,22 +4,28 @@ workdir and benchmark tests share, and stand-ins for a command's work."""
 import os
 import shutil
 
-from tests.helpers import fake_workdir, tiny_experiment
+from tests.helpers import built_once, fake_workdir, tiny_experiment
 from transformer import training
 from transformer import workdir as workdir_lib
 
 
 def trained_workdir(tmp_path_factory):
-  """A 20-step tiny SCAN run (checkpoints 10 and 20), trained once per test session:
-  it lives in the session's base temp dir, so every module asking gets the same one."""
+  """A 20-step tiny SCAN run (checkpoints 10 and 20), trained once per test session
+  (built_once) and copied once into each xdist worker's base temp dir, where
+  every module asking gets the same copy: the tests write their outputs there."""
   base = tmp_path_factory.getbasetemp() / "tiny_trained_workdir"
   done = base / "DONE"
   if not done.exists():
-    shutil.rmtree(base, ignore_errors=True)  # A half-built one from a failed attempt.
-    config = tiny_experiment(base / "tfds", num_steps=20, eval_every=100, checkpoint_every=10)
-    training.train_and_evaluate(config, str(base / "run"))
+    shutil.rmtree(base, ignore_errors=True)  # A half-made one from a failed attempt.
+    built = built_once(tmp_path_factory, "tiny_trained_workdir.built", _train)
+    shutil.copytree(built / "run", base / "run")  # Its config reads built's SCAN.
     done.touch()
   return str(base / "run")
+
+
+def _train(path):
+  config = tiny_experiment(path / "tfds", num_steps=20, eval_every=100, checkpoint_every=10)
+  training.train_and_evaluate(config, str(path / "run"))
 
 
 def rnn_workdir(path, name="rnn", **decode_fields):
