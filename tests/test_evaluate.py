@@ -172,14 +172,16 @@ def test_a_json_that_cannot_be_written_keeps_the_previous_evaluation_whole(workd
 
 def test_another_output_limit_does_not_replace_the_configs_evaluation(workdir):
   """--max_extra_len other than config.decode's writes a file of its own: the
-  evaluation at the config's limit, which result tables read, stays."""
-  default, default_path = evaluate.run(workdir, split="test[:5]", mode="greedy")
-  short, short_path = evaluate.run(workdir, split="test[:5]", mode="greedy", max_extra_len=1)
+  evaluation at the config's limit, which result tables read, stays. (Three
+  sentences: one batch, whose programs at the config's limit the test above has
+  compiled.)"""
+  default, default_path = evaluate.run(workdir, split="test[:3]", mode="greedy")
+  short, short_path = evaluate.run(workdir, split="test[:3]", mode="greedy", max_extra_len=1)
   assert short_path.endswith("_greedy-x1.json") and short_path != default_path
   with open(default_path) as f:
     assert json.load(f)["max_extra_len"] == default["max_extra_len"] != 1
   assert short["max_extra_len"] == 1
-  again, path = evaluate.run(workdir, split="test[:5]", mode="greedy",
+  again, path = evaluate.run(workdir, split="test[:3]", mode="greedy",
                              max_extra_len=default["max_extra_len"])
   assert path == default_path  # The config's own limit, given explicitly: the same name.
 
@@ -220,24 +222,27 @@ def test_evaluate_writes_json_and_exact_match_matches_its_outputs(workdir):
 
 
 def test_evaluating_chunk_by_chunk_gives_the_same_results(workdir):
-  """--chunk_lines 7: the same hypotheses, in order, and the same scores and
-  perplexity as the split in one chunk; no .partial file is left."""
-  whole, path = evaluate.run(workdir, split="test[:40]", mode="greedy")
+  """--chunk_lines 10 over 30 sentences (three chunks; the killed run's test
+  decodes the same batches, and the perplexity's test evaluates them): the same
+  hypotheses, in order, and the same scores and perplexity as the 30 in one
+  chunk; no .partial file is left."""
+  whole, path = evaluate.run(workdir, split="test[:40]", mode="greedy", limit=30)
   with open(whole["hypotheses_file"]) as f:
     hypotheses = f.read()
-  chunked, _ = evaluate.run(workdir, split="test[:40]", mode="greedy", chunk_lines=7)
+  chunked, _ = evaluate.run(workdir, split="test[:40]", mode="greedy", limit=30,
+                            chunk_lines=10)
   with open(chunked["hypotheses_file"]) as f:
     assert f.read() == hypotheses
   assert chunked["metrics"] == whole["metrics"]
-  assert chunked["num_sentences"] == whole["num_sentences"] == 40
+  assert chunked["num_sentences"] == whole["num_sentences"] == 30
   assert chunked["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)
   assert chunked["batches"] > whole["batches"]
   assert not [n for n in os.listdir(workdir) if n.endswith(".partial")]
-  # The first 33 examples, cut inside the fifth chunk.
-  limited, _ = evaluate.run(workdir, split="test[:40]", mode="greedy", limit=33,
-                            chunk_lines=7)
+  # The first 25 examples, cut inside the third chunk.
+  limited, _ = evaluate.run(workdir, split="test[:40]", mode="greedy", limit=25,
+                            chunk_lines=10)
   with open(limited["hypotheses_file"]) as f:
-    assert f.read() == "".join(hypotheses.splitlines(keepends=True)[:33])
+    assert f.read() == "".join(hypotheses.splitlines(keepends=True)[:25])
 
 
 def test_a_side_that_encodes_to_nothing_is_scored_not_dropped(workdir, monkeypatch):
@@ -302,10 +307,15 @@ def test_a_second_run_of_the_same_evaluation_stops_and_leaves_the_first_alone(wo
   assert not os.path.exists(stem + ".txt.partial")
 
 
-def test_perplexity_is_the_one_training_logged(workdir):
+def test_perplexity_is_the_one_training_logged(workdir, monkeypatch):
   """Per target token, without label smoothing: on training's eval split and last
-  checkpoint, evaluate reports the eval/perplexity training logged at its last step."""
+  checkpoint, evaluate reports the eval/perplexity training logged at its last step.
+  (The perplexity is the teacher-forced loss's: decoding, whose programs for the
+  200 sentences no other test needs, is stood in for by empty hypotheses.)"""
+  monkeypatch.setattr(inference, "decode_examples",
+                      lambda model, params, examples, *args, **kwargs: [""] * len(examples))
   result, _ = evaluate.run(workdir, split="test[:200]", mode="greedy")
+  assert result["num_sentences"] == 200
   logged = results.last_scalars(workdir, ["eval/perplexity"])["eval/perplexity"]
   assert result["step"] == 20
   assert result["perplexity"] == pytest.approx(logged, rel=1e-5)
@@ -388,22 +398,27 @@ def test_command_reports_bad_input_without_traceback(tmp_path):
 def test_the_perplexity_counts_every_batch_of_the_split(workdir):
   """steps.evaluate_loss (training's eval/perplexity, evaluate's perplexity)
   sums over every batch: a split cut into many small batches counts every target
-  token, and has the perplexity of the split in one batch."""
+  token, and has the perplexity of the split in one batch. (evaluate's own loss
+  program, on 30 sentences: batches of 64 tokens have the shapes of the chunk
+  test's batches, which evaluate has compiled.)"""
   import copy  # pylint: disable=import-outside-toplevel
   import functools  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from transformer import steps  # pylint: disable=import-outside-toplevel
   restored = workdir_lib.restore(workdir)
-  examples = next(data_lib.iter_eval(restored.config.data, restored.tokenizer, "test[:40]",
+  examples = next(data_lib.iter_eval(restored.config.data, restored.tokenizer, "test[:30]",
                                      10**6))[0]
   eval_fn = jax.jit(functools.partial(steps.eval_step, model=restored.model,
-                                      label_smoothing=0.0))
+                                      label_smoothing=restored.config.train.label_smoothing))
 
   def loss(tokens_per_batch):
     config = copy.deepcopy(restored.config)
     config.data.tokens_per_batch = tokens_per_batch
     return steps.evaluate_loss(eval_fn, restored.params, examples, config, restored.mesh)
 
-  small, whole = loss(48), loss(10**5)
+  small, whole = loss(64), loss(10**5)
+  count = lambda tokens: len(list(data_lib.eval_batches(
+      examples, tokens, max_length=restored.config.data.max_length)))
+  assert count(64) > 2 * count(10**5)  # Many small batches (11), against 5.
   assert small["tokens"] == whole["tokens"] == sum(len(t) for _, t in examples)
   assert small["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)

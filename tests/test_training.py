@@ -1,5 +1,15 @@
 """Training end to end on tiny SCAN runs: loss falls, checkpoints resume exactly,
-sharded equals single-device (train_step on its own: test_train_step.py)."""
+sharded equals single-device (train_step on its own: test_train_step.py).
+
+Each run reads its data, traces its programs again (persistent cache or not) and
+evaluates at its last step, so the tests share what they can: one prepared SCAN
+for the session (process_helpers.scan_tfds_dir), one uninterrupted 20-step run
+(`straight`, copied where a test writes into it; its checkpoint 10 is what a run
+of 10 steps leaves), one run for the three decoding tests (`decoding_run`), and,
+wherever no learning or evaluation value is checked, `experiment`: the first
+2000 training pairs (read in a quarter of the time; the same vocabulary and
+batch shapes, so the same compiled step) and 3 eval sentences (one batch shape
+to evaluate and decode)."""
 
 import contextlib
 import glob
@@ -24,9 +34,43 @@ from transformer import workdir as workdir_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# The splits of the runs whose learning and evaluation values are not checked:
+# 2000 of the 16728 training pairs (more than the 20-step runs read), and 3 eval
+# sentences, one batch shape (test[:200] has nine).
+SMALL_TRAIN, SMALL_EVAL = "train[:2000]", "test[:3]"
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp("tfds")
+  return process_helpers.scan_tfds_dir(tmp_path_factory)  # Prepared once a session.
+
+
+def experiment(data_dir, **train):
+  """tiny_experiment trained on SMALL_TRAIN, evaluated (and decoded) on SMALL_EVAL."""
+  config = tiny_experiment(data_dir, **train)
+  config.data.train_split, config.data.eval_split = SMALL_TRAIN, SMALL_EVAL
+  return config
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, data_dir):
+  """An uninterrupted 20-step run (checkpoints 10 and 20) of experiment(num_steps=20,
+  eval_every=100): read by the resume tests, copied by those that write into it."""
+  workdir = str(tmp_path_factory.mktemp("straight") / "run")
+  training.train_and_evaluate(experiment(data_dir, num_steps=20, eval_every=100), workdir)
+  return workdir
+
+
+def copy_of(workdir, target, up_to=None):
+  """A copy of `workdir` at `target`; with `up_to`, without the checkpoints after
+  that step: what a run that ended there leaves."""
+  shutil.copytree(workdir, target)
+  if up_to is not None:
+    ckpt = os.path.join(target, "checkpoints")
+    for step in checkpoints.complete_steps(ckpt):
+      if step > up_to:
+        shutil.rmtree(os.path.join(ckpt, str(step)))
+  return str(target)
 
 
 def restore_params(workdir, config, step=None):
@@ -127,8 +171,7 @@ def test_the_loop_runs_at_most_steps_ahead_of_the_devices(tmp_path, data_dir, mo
     return dispatch, eval_fn
 
   monkeypatch.setattr(steps, "compile_steps", slowed)
-  config = tiny_experiment(data_dir, num_steps=8, log_every=8, eval_every=8,
-                           checkpoint_every=8)
+  config = experiment(data_dir, num_steps=8, log_every=8, eval_every=8, checkpoint_every=8)
   training.train_and_evaluate(config, str(tmp_path / "w"))
   assert len(in_flight) == 8, in_flight
   assert max(in_flight) <= 1 if ahead is None else 1 < max(in_flight) <= ahead, in_flight
@@ -148,7 +191,7 @@ def test_a_failed_last_save_is_raised_when_called_while_handling_an_error(tmp_pa
       raise checkpoints.CheckpointSaveError("checkpoint 2 could not be written (stand-in)")
 
   monkeypatch.setattr(checkpoints.Checkpointer, "close", failing_close)
-  config = tiny_experiment(data_dir, num_steps=2, eval_every=100)
+  config = experiment(data_dir, num_steps=2, eval_every=100)
   try:
     raise KeyError("the caller's own")
   except KeyError:
@@ -156,15 +199,14 @@ def test_a_failed_last_save_is_raised_when_called_while_handling_an_error(tmp_pa
       training.train_and_evaluate(config, str(tmp_path / "w"))
 
 
-def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
+def test_resume_equals_uninterrupted_run(tmp_path, data_dir, straight, monkeypatch):
   """Bitwise: the restart restores exactly the saved arrays and the data iterator
   position, and the same compiled step runs on the same inputs on one CPU. The
   run stops between checkpoints (at step 15; the last save is step 10), so steps
   11-15 and the batches they read are lost and must be redone from the step-10
   position. (A clean stop at the current step, and kills at random moments of
   real processes, are test_faults.py's.)"""
-  straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), straight)
+  stopped = str(tmp_path / "stopped")
 
   place_batch, placed = sharding.place_batch, []
 
@@ -176,12 +218,12 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
 
   monkeypatch.setattr(sharding, "place_batch", stop_before_step_16)
   with pytest.raises(KeyboardInterrupt):
-    training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), stopped)
+    training.train_and_evaluate(experiment(data_dir, num_steps=20, eval_every=100), stopped)
   monkeypatch.setattr(sharding, "place_batch", place_batch)
   assert os.listdir(os.path.join(stopped, "checkpoints")) == ["10"]
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), stopped)
+  training.train_and_evaluate(experiment(data_dir, num_steps=20, eval_every=100), stopped)
 
-  config = tiny_experiment(data_dir)
+  config = experiment(data_dir)
   a, data_a, _ = restore_params(straight, config, 20)
   b, data_b, _ = restore_params(stopped, config, 20)
   assert data_a == data_b
@@ -189,10 +231,10 @@ def test_resume_equals_uninterrupted_run(tmp_path, data_dir, monkeypatch):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, data_dir):
-  workdir = str(tmp_path / "nan")
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=10, eval_every=100), workdir)
-  config = tiny_experiment(data_dir, num_steps=30, eval_every=100, checkpoint_every=5)
+def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path, data_dir,
+                                                                   straight):
+  workdir = copy_of(straight, tmp_path / "nan", up_to=10)  # A 10-step run's.
+  config = experiment(data_dir, num_steps=30, eval_every=100, checkpoint_every=5)
   config.optim.learning_rate_scale = 1e30  # Diverges at once.
   with pytest.raises(FloatingPointError, match=r"training (loss|update norm|param norm) is "
                      r"(nan|inf) at step 1[1-5].*last good checkpoint is step 10"):
@@ -242,11 +284,13 @@ def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
   checkpoints marked as a stop's. Resumed, the run evaluates and decodes step 4
   first (decoding only where this run decodes), keeps the same best checkpoint,
   logs every step's training metrics, and ends in the uninterrupted run's state;
-  averaging names a stop's checkpoint among those it averages."""
+  averaging names a stop's checkpoint among those it averages. A stop on a
+  decoding step resumed with decoding off owes only the evaluation (resumed from
+  a copy of the workdir the stop at step 4 left)."""
   from transformer import average_checkpoints, preemption  # pylint: disable=g-import-not-at-top
-  config = lambda: tiny_experiment(data_dir, num_steps=12, eval_every=4, decode_every=4,
-                                   decode_examples=20, checkpoint_every=6, keep_checkpoints=3,
-                                   log_every=4)
+  config = lambda: experiment(data_dir, num_steps=12, eval_every=4, decode_every=4,
+                              decode_examples=0, checkpoint_every=6, keep_checkpoints=3,
+                              log_every=4)
   logged = []
   write = training._Progress._write  # pylint: disable=protected-access
 
@@ -256,6 +300,7 @@ def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
 
   monkeypatch.setattr(training._Progress, "_write", recording)  # pylint: disable=protected-access
   straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+  again = str(tmp_path / "again")
   training.train_and_evaluate(config(), straight)
   logged.clear()
   stop_after = preemption.StopSignals.stop_after
@@ -265,6 +310,9 @@ def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
     with pytest.raises(preemption.Preempted):
       training.train_and_evaluate(config(), stopped)
     monkeypatch.setattr(preemption.StopSignals, "stop_after", stop_after)
+    if stop == 4:
+      assert checkpoints.complete_steps(os.path.join(stopped, "checkpoints")) == [4]
+      shutil.copytree(stopped, again)  # Resumed below with decoding off.
   training.train_and_evaluate(config(), stopped)
   for prefix in ("eval", "decode"):
     assert sorted(s for p, s in logged if p == prefix) == [4, 8, 12], prefix
@@ -284,23 +332,23 @@ def test_a_stop_on_an_evaluation_step_resumes_to_the_uninterrupted_runs_record(
   assert "Averaged steps [6, 9, 12] include 9, saved by a stop" in caplog.text
   # A stop on a decoding step, resumed with decoding off: only the evaluation is owed.
   logged.clear()
-  again = str(tmp_path / "again")
-  monkeypatch.setattr(preemption.StopSignals, "stop_after",
-                      lambda self, step: step == 4 or stop_after(self, step))
-  with pytest.raises(preemption.Preempted):
-    training.train_and_evaluate(config(), again)
-  monkeypatch.setattr(preemption.StopSignals, "stop_after", stop_after)
   no_decoding = config()
   no_decoding.train.decode_every, no_decoding.train.num_steps = 0, 5
   training.train_and_evaluate(no_decoding, again)
   assert [(p, s) for p, s in logged if p in ("eval", "decode")] == [("eval", 4), ("eval", 5)]
 
 
-def test_the_wait_for_the_kept_best_is_timed_as_saving(tmp_path, data_dir, monkeypatch):
-  """Reading the kept best's value waits for its save in flight: that time is
-  saving's (left out of tokens/s), not training's."""
-  inside, calls = [], []
+@pytest.fixture(scope="module")
+def decoding_run(tmp_path_factory, data_dir):
+  """One 8-step run decoding at steps 2, 4, 6 and 8 with train.decode_examples=0,
+  its decodings scored 0.2, 0.5, 0.5, 0.3 (in place of their exact match), that
+  records what the three tests below check: the sentences each decoding got,
+  and the timed sections open whenever the kept best's value is read."""
+  record = types.SimpleNamespace(decoded=[], calls=[],
+                                 workdir=str(tmp_path_factory.mktemp("decoding") / "w"))
+  inside, scores = [], iter([0.2, 0.5, 0.5, 0.3])
   timed, best_value = training._Progress.timed, checkpoints.Checkpointer.best_value  # pylint: disable=protected-access
+  evaluate_examples = training.inference.evaluate_examples
 
   @contextlib.contextmanager
   def tracked(self, name):
@@ -312,54 +360,43 @@ def test_the_wait_for_the_kept_best_is_timed_as_saving(tmp_path, data_dir, monke
       inside.pop()
 
   def recorded(self, metric):
-    calls.append(list(inside))
+    record.calls.append(list(inside))
     return best_value(self, metric)
 
-  monkeypatch.setattr(training._Progress, "timed", tracked)  # pylint: disable=protected-access
-  monkeypatch.setattr(checkpoints.Checkpointer, "best_value", recorded)
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=4, decode_every=2,
-                                              decode_examples=10, eval_every=100),
-                              str(tmp_path / "w"))
-  assert calls == [["save"], ["save"]]
-
-
-def test_the_best_checkpoint_is_the_highest_score_and_a_tie_keeps_the_earlier(
-    tmp_path, data_dir, monkeypatch):
-  """Decoding at steps 2, 4, 6, 8 scores 0.2, 0.5, 0.5, 0.3: the kept best is
-  step 4's (a higher score replaces it, an equal one does not)."""
-  scores = iter([0.2, 0.5, 0.5, 0.3])
-  evaluate_examples = training.inference.evaluate_examples
-
-  def scored(*args, **kwargs):
-    decoded, hypotheses = evaluate_examples(*args, **kwargs)
+  def scored(model, params, examples, references, *args, **kwargs):
+    record.decoded.append((len(examples), len(references)))
+    decoded, hypotheses = evaluate_examples(model, params, examples, references, *args,
+                                            **kwargs)
     return {**decoded, "exact_match": next(scores)}, hypotheses
 
-  monkeypatch.setattr(training.inference, "evaluate_examples", scored)
-  workdir = str(tmp_path / "w")
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=8, decode_every=2,
-                                              decode_examples=10, eval_every=100), workdir)
-  best_dir = os.path.join(workdir, workdir_lib.CHECKPOINT_DIRS["best"])
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(training._Progress, "timed", tracked)  # pylint: disable=protected-access
+    patch.setattr(checkpoints.Checkpointer, "best_value", recorded)
+    patch.setattr(training.inference, "evaluate_examples", scored)
+    training.train_and_evaluate(experiment(data_dir, num_steps=8, decode_every=2,
+                                           decode_examples=0, eval_every=100), record.workdir)
+  return record
+
+
+def test_the_wait_for_the_kept_best_is_timed_as_saving(decoding_run):
+  """Reading the kept best's value waits for its save in flight: that time is
+  saving's (left out of tokens/s), not training's."""
+  assert decoding_run.calls == [["save"]] * 4
+
+
+def test_the_best_checkpoint_is_the_highest_score_and_a_tie_keeps_the_earlier(decoding_run):
+  """Decoding at steps 2, 4, 6, 8 scores 0.2, 0.5, 0.5, 0.3: the kept best is
+  step 4's (a higher score replaces it, an equal one does not)."""
+  best_dir = os.path.join(decoding_run.workdir, workdir_lib.CHECKPOINT_DIRS["best"])
   assert checkpoints.complete_steps(best_dir) == [4]
   assert checkpoints.metric_value(best_dir, 4, "exact_match") == 0.5
 
 
-def test_decode_examples_0_decodes_the_whole_eval_split(tmp_path, data_dir, monkeypatch):
+def test_decode_examples_0_decodes_the_whole_eval_split(decoding_run):
   """train.decode_examples = 0 decodes every sentence of the eval split (what the
   table's note calls 'all'), not a prefix of it: the score that picks the best
   checkpoint is of the whole split."""
-  decoded = []
-  evaluate_examples = training.inference.evaluate_examples
-
-  def recorded(model, params, examples, references, *args, **kwargs):
-    decoded.append((len(examples), len(references)))
-    return evaluate_examples(model, params, examples, references, *args, **kwargs)
-
-  monkeypatch.setattr(training.inference, "evaluate_examples", recorded)
-  config = tiny_experiment(data_dir, num_steps=2, decode_every=2, decode_examples=0,
-                           eval_every=100)
-  config.data.eval_split = "test[:12]"
-  training.train_and_evaluate(config, str(tmp_path / "w"))
-  assert decoded == [(12, 12)]
+  assert decoding_run.decoded == [(3, 3)] * 4  # SMALL_EVAL's 3 sentences.
 
 
 def test_nan_before_any_checkpoint_says_there_is_none():
@@ -392,8 +429,8 @@ def test_update_that_blows_up_parameters_is_never_saved(tmp_path, data_dir, monk
 
   monkeypatch.setattr(optim, "make_optimizer", blowing_up_at_update_8)
   workdir = str(tmp_path / "blowup")
-  config = tiny_experiment(data_dir, num_steps=12, eval_every=100, log_every=100,
-                       checkpoint_every=4, decode_every=4, decode_examples=20)
+  config = experiment(data_dir, num_steps=12, eval_every=100, log_every=100,
+                      checkpoint_every=4, decode_every=4, decode_examples=0)
   with pytest.raises(FloatingPointError, match=r"training (param|update) norm is (nan|inf) "
                      r"at step 8.*last good checkpoint is step 4"):
     training.train_and_evaluate(config, workdir)
@@ -443,11 +480,10 @@ def test_sharded_step_equals_single_device():
   assert "the RNN: data=8 fsdp == single-device over 4 steps" in out.stdout
 
 
-def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp_path, data_dir):
-  import shutil
-  workdir = str(tmp_path / "corrupt")
-  config = tiny_experiment(data_dir, num_steps=20, eval_every=100)
-  training.train_and_evaluate(config, workdir)
+def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp_path, data_dir,
+                                                                            straight):
+  workdir = copy_of(straight, tmp_path / "corrupt")
+  config = experiment(data_dir, num_steps=20, eval_every=100)
   ckpt = os.path.join(workdir, "checkpoints")
   shutil.rmtree(os.path.join(ckpt, "20", "state"))  # A damaged newest checkpoint.
   # What a save killed half-way leaves: Orbax's temporary directory, never renamed.
@@ -461,17 +497,15 @@ def test_unreadable_or_unfinished_checkpoints_fall_back_to_the_last_good_one(tmp
 
 
 def test_resume_on_another_data_parallel_size_reads_the_same_batches(tmp_path, data_dir,
-                                                                     monkeypatch):
+                                                                     straight, monkeypatch):
   """The packed batches of 512 tokens have 8 rows on a data axis of 1 and of 2
   (two devices stood in for on one): a resume on the other size goes on with the
   batches an uninterrupted run reads. Where the rows differ, the pipeline refuses
-  (test_data_pipeline)."""
-  straight, moved = str(tmp_path / "straight"), str(tmp_path / "moved")
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), straight)
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=10, eval_every=100), moved)
+  (test_data_pipeline). The first 10 steps: the uninterrupted run's checkpoint 10."""
+  moved = copy_of(straight, tmp_path / "moved", up_to=10)
   monkeypatch.setattr(sharding, "data_size", lambda mesh: 2)
-  training.train_and_evaluate(tiny_experiment(data_dir, num_steps=20, eval_every=100), moved)
-  config = tiny_experiment(data_dir)
+  training.train_and_evaluate(experiment(data_dir, num_steps=20, eval_every=100), moved)
+  config = experiment(data_dir)
   (a, data_a, step_a), (b, data_b, _) = (restore_params(moved, config),
                                          restore_params(straight, config))
   assert step_a == 20 and data_a == data_b
@@ -484,15 +518,16 @@ def test_resume_with_more_gradient_accumulation_steps_goes_on_with_the_same_batc
   """A run that no longer fits in memory resumes with train.grad_accum_steps=2:
   the packed batches keep their 8 rows, so it reads the uninterrupted run's
   batches and makes its updates (no dropout: micro-batches draw other masks).
-  Where the rows differ, the pipeline refuses (test_data_pipeline)."""
+  Where the rows differ, the pipeline refuses (test_data_pipeline). The first 10
+  steps: the uninterrupted run's checkpoint 10."""
   def config(num_steps, k=1):
-    c = tiny_experiment(data_dir, num_steps=num_steps, eval_every=100, grad_accum_steps=k)
+    c = experiment(data_dir, num_steps=num_steps, eval_every=100, grad_accum_steps=k)
     c.model.dropout = 0.0
     c.optim.adam_eps = ADAM_EPS_NOTE
     return c
-  straight, moved = str(tmp_path / "straight"), str(tmp_path / "moved")
+  straight = str(tmp_path / "straight")
   training.train_and_evaluate(config(20), straight)
-  training.train_and_evaluate(config(10), moved)
+  moved = copy_of(straight, tmp_path / "moved", up_to=10)
   training.train_and_evaluate(config(20, k=2), moved)
   (a, data_a, step_a), (b, data_b, _) = (restore_params(moved, config(20)),
                                          restore_params(straight, config(20)))
@@ -503,7 +538,7 @@ def test_resume_with_more_gradient_accumulation_steps_goes_on_with_the_same_batc
 
 # Orbax's own restore (no target) reads the shardings from the checkpoint, and says so.
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
-def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data_dir):
+def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data_dir, straight):
   """One bit flipped in the newest checkpoint's largest data file: Orbax alone
   restores it without an error, one array changed (zstd decompresses the damage
   into other numbers); the checksums saved with it catch that, and restoring
@@ -511,9 +546,8 @@ def test_a_flipped_bit_in_a_checkpoint_is_caught_by_its_checksums(tmp_path, data
   checked as well. A checkpoint without checksums (as written before they
   existed) restores unchecked."""
   import orbax.checkpoint as ocp
-  workdir = str(tmp_path / "flipped")
-  config = tiny_experiment(data_dir, num_steps=20, eval_every=100)
-  training.train_and_evaluate(config, workdir)
+  workdir = copy_of(straight, tmp_path / "flipped")
+  config = experiment(data_dir, num_steps=20, eval_every=100)
   ckpt = os.path.join(workdir, "checkpoints")
   clean = jax.tree.leaves(ocp.PyTreeCheckpointer().restore(os.path.join(ckpt, "20", "state")))
   largest = max(glob.glob(os.path.join(ckpt, "20", "state", "**", "d", "*"), recursive=True),
