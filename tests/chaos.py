@@ -19,8 +19,10 @@ to the end, it checks that
     batches, each exactly once.
 A run that ends before its kill (the training was done) ends an episode, which
 is checked, and the remaining kills go to a new workdir. tests/test_faults.py
-runs one episode of 3 kills; this command is the long version (not in the test
-suite: ~10-30 s a restart on a 2-core machine).
+runs one episode of 3 kills, after a SIGTERM (kind 'sigterm': a stop that saves
+and exits 143, which the checks above take as they take a kill); this command
+is the long version (not in the test suite: ~10-30 s a restart on a 2-core
+machine).
 """
 
 import argparse
@@ -28,6 +30,7 @@ import contextlib
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +43,10 @@ NUM_STEPS = 20  # tests/tiny_train_config.py
 STEP_SECONDS = "0.2"  # Slowed steps, so that a random moment often falls in training.
 SAVE_SECONDS = "60"  # A held save lasts until the kill.
 KINDS = ("anywhere", "training", "save")
+# Every run's overrides of tests/tiny_train_config.py: its evaluation (at the last
+# step) on 20 sentences, not 200 (fewer batch shapes to compile and load; no
+# evaluation's value is checked, and training does not depend on it).
+OVERRIDES = ("--config.data.eval_split=test[:20]",)
 
 
 def checkpoint_steps(workdir):
@@ -68,7 +75,7 @@ def uninterrupted(tfds_dir, base):
   os.makedirs(base, exist_ok=True)
   workdir, batches, log = (os.path.join(base, n) for n in ("w", "batches", "log"))
   started = time.monotonic()
-  process = ph.start_train(workdir, tfds_dir, log, script=FAULT_TRAIN,
+  process = ph.start_train(workdir, tfds_dir, log, *OVERRIDES, script=FAULT_TRAIN,
                            env=ph.command_env(FAULT_BATCH_LOG=batches))
 
   def result():
@@ -83,9 +90,11 @@ def uninterrupted(tfds_dir, base):
 
 def run_with_kills(workdir, tfds_dir, kinds, rng, lifetime, say=print):
   """Runs train.py in `workdir` once per entry of `kinds` ('anywhere', 'training'
-  or 'save'), SIGKILLing it there, then once to the end; a run that ends before
-  its kill is that end. `lifetime()`: seconds an uninterrupted run takes, the
-  range of 'anywhere'. Returns one record a run ('killed' or 'finished')."""
+  or 'save'), SIGKILLing it there, or ('sigterm') sending it SIGTERM once it
+  has logged a step, then once to the end; a run that ends before its kill is
+  that end. `lifetime()`: seconds an uninterrupted run takes, the range of
+  'anywhere'. Returns one record a run ('killed', 'stopped' with its exit
+  status, or 'finished')."""
   os.makedirs(workdir, exist_ok=True)
   runs = []
   for i, kind in enumerate(list(kinds) + ["end"]):
@@ -101,7 +110,7 @@ def run_with_kills(workdir, tfds_dir, kinds, rng, lifetime, say=print):
     if kind == "end":
       env.pop("FAULT_STEP_SECONDS")
     started = time.monotonic()
-    process = ph.start_train(workdir, tfds_dir, log, script=FAULT_TRAIN, env=env)
+    process = ph.start_train(workdir, tfds_dir, log, *OVERRIDES, script=FAULT_TRAIN, env=env)
     try:
       if kind == "anywhere":
         with contextlib.suppress(subprocess.TimeoutExpired):  # Or until it ends first.
@@ -113,10 +122,16 @@ def run_with_kills(workdir, tfds_dir, kinds, rng, lifetime, say=print):
         held = ph.wait_for(log, r"^fault: finalizing (.*)/checkpoints/(\d+)$", process,
                            timeout=600)
         record["saving"] = int(held.group(2))
+      elif kind == "sigterm":  # Once a step is logged (slowed steps: mid-run).
+        ph.wait_for(log, r"\] \[\d+\] train/", process, timeout=600)
+        process.send_signal(signal.SIGTERM)
+        record["stopped"] = process.wait(timeout=120)
     except AssertionError:  # It exited before the moment aimed at.
       if process.returncode != 0:
         raise
-    if kind == "end" or process.poll() is not None:
+    if "stopped" in record:
+      pass
+    elif kind == "end" or process.poll() is not None:
       status = process.wait(timeout=900)
       assert status == 0, f"run {i} ({kind}) failed ({status}):\n{ph.read(log)[-4000:]}"
       record["finished"] = True
@@ -134,7 +149,8 @@ def run_with_kills(workdir, tfds_dir, kinds, rng, lifetime, say=print):
         f"{resumed_from(record['text']):2d}, {len(record['batches']):2d} batches, "
         f"checkpoints after: {record['checkpoints_after']}"
         + (f", killed inside the save of step {record['saving']}" if "saving" in record
-           else ", killed" if "killed" in record else ", finished"))
+           else ", killed" if "killed" in record
+           else f", stopped ({record['stopped']})" if "stopped" in record else ", finished"))
     runs.append(record)
     if "finished" in record:
       break
@@ -149,7 +165,7 @@ def resumed_from(text):
 def check(workdir, runs, reference):
   """The promises of this module's docstring; raises AssertionError naming the broken one."""
   final_state, reference_batches = reference[:2]
-  assert "finished" in runs[-1] and all("killed" in r for r in runs[:-1])
+  assert "finished" in runs[-1] and all("killed" in r or "stopped" in r for r in runs[:-1])
   for i, run in enumerate(runs):
     expected = max(run["checkpoints_before"], default=0)
     assert resumed_from(run["text"]) == expected or (

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -185,15 +186,27 @@ def test_two_processes_train_as_one_with_fsdp(data_dir, tmp_path):
   assert len(split) == 2 and all(int(n) > 0 for n in split), output[-5000:]
 
 
-def test_a_checkpoint_one_process_cannot_read_is_skipped_by_all(tmp_path):
+@pytest.fixture(scope="module")
+def saved_both(tmp_path_factory):
+  """Steps 1 and 2 of one array split over the job's 4 devices, each saved as a
+  regular and a best checkpoint at once by a 2-process job, process 1 a second
+  behind (tests/multiprocess_restore_check.py both): (the job's output, the
+  regular checkpoints' directory, which its `save` phase would write alike)."""
+  directory = str(tmp_path_factory.mktemp("both") / "checkpoints")
+  output = run_job(["tests/multiprocess_restore_check.py", directory, "both"])
+  return output, directory
+
+
+def test_a_checkpoint_one_process_cannot_read_is_skipped_by_all(saved_both, tmp_path):
   """Each process reads only its own part of a split array: where process 1's
   part of the newest checkpoint is damaged, process 0 reads its part fine. Both
   still take the next older checkpoint together (apart, they would meet in
   different collectives and hang or compute garbage), and process 0 names
-  process 1's error."""
+  process 1's error. (The checkpoints are a copy of the regular ones of
+  `saved_both`: a 2-process save of steps 1 and 2.)"""
   directory = str(tmp_path / "checkpoints")
   check = "tests/multiprocess_restore_check.py"
-  run_job([check, directory, "save"])
+  shutil.copytree(saved_both[1], directory)
   parts = glob.glob(os.path.join(directory, "2", "state", "ocdbt.process_1", "d", "*"))
   assert parts, os.listdir(os.path.join(directory, "2", "state"))
   for part in parts:
@@ -207,14 +220,13 @@ def test_a_checkpoint_one_process_cannot_read_is_skipped_by_all(tmp_path):
   assert sorted(os.listdir(directory)) == ["1", "2.unreadable"]
 
 
-def test_a_regular_and_a_best_checkpoint_of_one_step_save_together(tmp_path):
+def test_a_regular_and_a_best_checkpoint_of_one_step_save_together(saved_both):
   """Training saves a step's best checkpoint and then its regular one, both in
   the background. Orbax named both saves' barriers by the step alone, so a
   process that reached the second while the first still waited for another
   process failed the job ("Barrier _async_write_complete.1 is already ongoing").
-  Here process 1 starts each step's saves a second late."""
-  directory = str(tmp_path / "checkpoints")
-  output = run_job(["tests/multiprocess_restore_check.py", directory, "both"])
+  Here process 1 starts each step's saves a second late (`saved_both`)."""
+  output, directory = saved_both
   for p in ("0", "1"):
     assert f"[p{p}] process {p} saved both" in output, output[-5000:]
   assert checkpoints.complete_steps(directory) == [1, 2]
@@ -380,15 +392,27 @@ def test_an_output_another_run_is_writing_stops_both_processes_at_once(runs, tmp
   assert not glob.glob(os.path.join(workdir, "eval_*.json"))
 
 
-def test_sigterm_ends_a_joined_process_that_is_not_training_at_once():
+def test_sigterm_ends_a_joined_process_that_is_not_training_at_once(monkeypatch):
   """evaluate, translate and average_checkpoints join a job without JAX's
   preemption service, which catches SIGTERM and, outside training's step sync
   points, drops it: the launcher's SIGTERM at its time limit ends them, where
-  they ran on to its SIGKILL after the stop grace."""
-  out = io.StringIO()
+  they ran on to its SIGKILL after the stop grace. The launcher's clock jumps
+  to the time limit once both processes have joined (not 20 s of waiting)."""
+  timeout_s, shift = 20, [0.0]
+
+  class Output(io.StringIO):
+    def write(self, text):
+      written = super().write(text)
+      if self.getvalue().count("] joined\n") == 2:
+        shift[0] = timeout_s  # From now on the launcher's time is past its limit.
+      return written
+
+  monkeypatch.setattr(launch, "time", types.SimpleNamespace(
+      monotonic=lambda: time.monotonic() + shift[0], sleep=time.sleep))
+  out = Output()
   joined = ("from transformer import distributed; distributed.maybe_initialize(); "
             "print('joined', flush=True); import time; time.sleep(300)")
-  code = launch.launch([sys.executable, "-c", joined], 2, timeout_s=20, stop_grace_s=60,
+  code = launch.launch([sys.executable, "-c", joined], 2, timeout_s=timeout_s, stop_grace_s=60,
                        out=out, environ=dict(job_env(1), PYTHONPATH=ROOT))
   text = out.getvalue()
   assert code == 124 and text.count("] joined\n") == 2, text

@@ -300,7 +300,8 @@ TINY = ["model.num_layers=1", "model.d_model=32", "model.d_ff=64", "model.num_he
 def test_real_sweep_of_two_tiny_variants(tmp_path, tmp_path_factory, monkeypatch):
   """train.py in a subprocess, twice (the variants differ in their seed only, so
   the second reuses the compiled programs), after a variant that fails at once;
-  a rerun trains nothing but the failed one."""
+  a rerun trains nothing but the failed one (its trainer a FakeTrainer that fails
+  it again: the decisions to skip rest on what the real runs left)."""
   import jax  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv("TRANSFORMER_COMPILATION_CACHE", jax.config.jax_compilation_cache_dir)
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -315,8 +316,10 @@ def test_real_sweep_of_two_tiny_variants(tmp_path, tmp_path_factory, monkeypatch
   assert results.read_status(os.path.join(workdir, "bogus"))["error"] == (
       "train.py exited with status 1: train: error: unknown SCAN split 'scan/bogus'; "
       "use scan/simple or scan/length")
-  assert sweep_run.run_local(sweep, workdir) == {
+  rerun = FakeTrainer(fail={"bogus"})
+  assert sweep_run.run_local(sweep, workdir, rerun) == {
       "base": "skipped", "bogus": "failed", "seed1": "skipped"}
+  assert rerun.calls == ["bogus"]
   del sweep.variants[1]
   rows = [results.variant_row(v, os.path.join(workdir, v.name)) for v in sweep.variants]
   for row in rows:
