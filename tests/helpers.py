@@ -77,15 +77,12 @@ def built_once(tmp_path_factory, name, build):
     root = root.parent
   path, done = root / name, root / f"{name}.done"
   with open(root / f"{name}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      if not done.exists():
-        with contextlib.suppress(FileNotFoundError):
-          shutil.rmtree(path)
-        build(path)
-        done.touch()
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
+    if not done.exists():
+      with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
+      build(path)
+      done.touch()
   return path
 
 

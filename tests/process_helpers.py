@@ -4,7 +4,6 @@ what survives real faults: a kill, a signal, a second writer."""
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,16 +14,12 @@ TINY_CONFIG = os.path.join("tests", "tiny_train_config.py")
 
 
 def scan_tfds_dir(tmp_path_factory) -> str:
-  """A TFDS data dir with SCAN prepared, made once per test session (in its base
-  temp dir) so that the processes started on it only read it."""
-  base = tmp_path_factory.getbasetemp() / "scan_tfds"
-  done = base / "DONE"
-  if not done.exists():
-    shutil.rmtree(base, ignore_errors=True)
-    from transformer.data import scan  # pylint: disable=g-import-not-at-top
-    scan.Scan(config="simple", data_dir=str(base)).download_and_prepare()
-    done.touch()
-  return str(base)
+  """A TFDS data dir with SCAN prepared, made once per test session (helpers.built_once,
+  shared by the xdist workers) so that the processes started on it only read it."""
+  from tests.helpers import built_once  # pylint: disable=g-import-not-at-top
+  from transformer.data import scan  # pylint: disable=g-import-not-at-top
+  return str(built_once(tmp_path_factory, "scan_tfds", lambda path: scan.Scan(
+      config="simple", data_dir=str(path)).download_and_prepare()))
 
 
 def command_env(**extra):
