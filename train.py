@@ -10,13 +10,15 @@ A bad value (a config field, a data path, the workdir) stops it at once with one
 line on stderr naming the problem, and exit status 1 (`--verbosity=1` logs the
 traceback too). SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) saves a
 checkpoint after the step in flight and exits with status 143 or 130 (128 + the
-signal); rerunning resumes from it (transformer/preemption.py).
+signal); rerunning resumes from it (transformer/preemption.py). A SIGTERM before
+training begins ends it at once, in one line (transformer/start_up.py).
 """
 
-from transformer import runtime
+from transformer import runtime, start_up
 
 if __name__ == "__main__":
   runtime.end_at_interrupt("train")  # A Ctrl-C at start-up: one line (see there).
+  start_up.end_at_sigterm("train")  # A SIGTERM before training takes it: one line.
   runtime.use_fast_malloc()  # Before JAX starts; see transformer/runtime.py.
 
 import sys  # pylint: disable=g-import-not-at-top

@@ -7,6 +7,9 @@ environment variable is set; the library reads none of them.
                            the batch's content), unbuffered, so a kill loses none.
   FAULT_STEP_SECONDS=S     sleeps S seconds per training batch, so that a signal
                            or a kill sent from outside lands mid-run.
+  FAULT_START_SECONDS=S    sleeps S seconds before loading the data (the workdir
+                           locked, nothing trained), printing `fault: starting`
+                           first, so that a signal lands in the start-up.
   FAULT_SAVE_SECONDS=S     sleeps S seconds inside every checkpoint save, after
                            its items are written and before Orbax renames the
                            step's temporary directory into place, printing
@@ -74,6 +77,18 @@ def install_hooks(environ):
       return data._replace(train_batches=_LoggedBatches(data.train_batches, fd, seconds))
 
     data_lib.get_train_and_eval = logged
+
+  start_seconds = float(environ.get("FAULT_START_SECONDS", 0))
+  if start_seconds:
+    load = data_lib.get_train_and_eval
+
+    def slow_start(*args, **kwargs):
+      sys.stderr.write("fault: starting\n")
+      sys.stderr.flush()
+      time.sleep(start_seconds)
+      return load(*args, **kwargs)
+
+    data_lib.get_train_and_eval = slow_start
 
   eval_seconds = float(environ.get("FAULT_EVAL_SECONDS", 0))
   if eval_seconds:

@@ -11,10 +11,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer import runtime  # pylint: disable=g-import-not-at-top
+from transformer import runtime, start_up  # pylint: disable=g-import-not-at-top
 
-if __name__ == "__main__":
-  runtime.use_fast_malloc()  # As train.py does.
+if __name__ == "__main__":  # As train.py does.
+  start_up.end_at_sigterm("train")
+  runtime.use_fast_malloc()
 
 from tests import fault_hooks
 import train

@@ -85,6 +85,61 @@ def test_sigterm_saves_at_the_current_step_and_resumes_exactly(stopped_and_kille
   chaos.check(workdir, runs, reference())
 
 
+def test_sigterm_at_start_up_ends_at_once_in_one_line_and_unlocks_the_workdir(tmp_path,
+                                                                              tfds_dir):
+  """SIGTERM while train.py starts (the workdir locked, the hook sleeping 120 s
+  before the data loads: a handler that only noted the signal would sleep on):
+  it ends within seconds, status 143, with one line and no traceback; the LOCK
+  is removed (it was left, for the next run to take over with a warning) and
+  nothing else is left behind."""
+  workdir, log = str(tmp_path / "w"), str(tmp_path / "log")
+  process = ph.start_train(workdir, tfds_dir, log, *chaos.OVERRIDES, script=FAULT_TRAIN,
+                           env=ph.command_env(FAULT_START_SECONDS="120"))
+  try:
+    ph.wait_for(log, r"^fault: starting", process)
+    assert os.path.exists(os.path.join(workdir, "LOCK"))
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM, ph.read(log)[-4000:]
+  finally:
+    if process.poll() is None:
+      ph.kill9(process)
+  text = ph.read(log)
+  assert text.rstrip().splitlines()[-1] == (
+      "train: stopped by SIGTERM during start-up, before training began: nothing to save; "
+      "rerun the same command to resume"), text[-4000:]
+  assert "Traceback" not in text
+  assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+  assert not chaos.temporaries(workdir)  # The LOCK among them.
+
+
+@pytest.mark.parametrize("how,status,stderr", [
+    ("watched", 143, "cmd: stopped by SIGTERM during start-up, before training began: "
+                     "nothing to save; rerun the same command to resume\n"),
+    ("handed over", -signal.SIGTERM, ""),  # The default action again.
+    ("ignored", 0, ""),  # Started with SIGTERM ignored: it stays ignored.
+])
+def test_sigterm_at_start_up_until_it_is_handed_over(how, status, stderr):
+  """start_up's watch: a SIGTERM ends the command in one line, after the
+  registered releases (a workdir lock's); hand_over_sigterm gives SIGTERM its
+  default action back; a SIGTERM the command was started ignoring is ignored."""
+  script = (
+      "import os, signal, sys, time\n"
+      "from transformer import start_up\n"
+      f"how = {how!r}\n"
+      "if how == 'ignored':\n"
+      "  signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+      "start_up.end_at_sigterm('cmd')\n"
+      "start_up.release_at_sigterm(lambda: print('released', flush=True))\n"
+      "if how == 'handed over':\n"
+      "  start_up.hand_over_sigterm()\n"
+      "os.kill(os.getpid(), signal.SIGTERM)\n"
+      "time.sleep(0.5 if how == 'ignored' else 30)\n")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        cwd=ph.ROOT, timeout=20)
+  assert (done.returncode, done.stderr) == (status, stderr), done.stderr
+  assert done.stdout == ("released\n" if how == "watched" else "")
+
+
 @pytest.mark.long
 def test_sigterm_and_sigint_save_at_the_current_step_and_resume_exactly(
     tmp_path, tfds_dir, reference):

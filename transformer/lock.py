@@ -7,7 +7,8 @@ command and start time into the file: a second writer stops at once with a
 message naming the first. The kernel drops the flock when its holder dies,
 however it dies (kill -9 included), so a LOCK file left behind by a dead
 process is taken over, with a warning naming that process. A clean exit
-removes the file.
+removes the file, and so does a SIGTERM during train.py's start-up
+(transformer/start_up.py).
 
 Where the filesystem cannot flock (some network filesystems), the recorded pid
 is checked instead: a lock whose pid is dead on this host is stale; a lock of
@@ -31,7 +32,7 @@ import time
 
 from absl import logging
 
-from transformer import files, runtime
+from transformer import files, runtime, start_up
 
 LOCK_NAME = "LOCK"
 TAKEOVER_SUFFIX = ".takeover"  # LOCK.takeover: held while a stale LOCK is removed (no flock).
@@ -106,6 +107,7 @@ class WorkdirLock:
     self.path = os.path.join(workdir, LOCK_NAME)
     self.command = command
     self._fd = None
+    self._forget = lambda: None  # Takes back start_up.release_at_sigterm's registration.
 
   def _record(self):
     return {"host": socket.gethostname(), "pid": os.getpid(), "command": self.command,
@@ -157,6 +159,7 @@ class WorkdirLock:
                         describe(previous))
       os.ftruncate(fd, 0)
       os.pwrite(fd, json.dumps(self._record()).encode(), 0)
+      self._forget = start_up.release_at_sigterm(self.release)
       files.remove_dead_temporaries(self.workdir)
     except OSError as e:  # Not a directory, no permission, a read-only filesystem...
       raise runtime.CommandError(f"workdir {self.workdir} cannot be used: "
@@ -178,6 +181,7 @@ class WorkdirLock:
         continue
       os.write(fd, json.dumps(self._record()).encode())
       self._fd = fd
+      self._forget = start_up.release_at_sigterm(self.release)
       files.remove_dead_temporaries(self.workdir)
       return self
     raise self._busy(_read_owner(self.path))
@@ -222,6 +226,7 @@ class WorkdirLock:
       pass
     os.close(self._fd)
     self._fd = None
+    self._forget()
 
   def __enter__(self):
     return self.acquire()

@@ -1,0 +1,98 @@
+"""A SIGTERM while train.py starts up ends it at once, in one line, its workdir unlocked.
+
+Training takes SIGTERM to save and stop at a step (transformer/preemption.py), but
+only once its loop begins: before that (imports, the vocabulary, data, compiling,
+restoring; a minute or more) there is nothing to save. SIGTERM's default action
+ended the process there silently, and the next run warned that it took over a
+dead process's lock. `end_at_sigterm(command)`, called first thing in train.py,
+makes that SIGTERM end the process with `{command}: stopped by SIGTERM during
+start-up ...` and status 143, after running what `release_at_sigterm` registered
+(the workdir lock's release). `hand_over_sigterm()` ends this once training (or
+JAX's preemption service, in a multi-process job) takes SIGTERM.
+
+Why a thread: a Python signal handler runs only between bytecodes of the main
+thread, so it would wait for a compilation or a vocabulary's training to return
+(minutes, past a scheduler's grace period). Python's C-level handler writes the
+signal's number to `signal.set_wakeup_fd` at once, and a thread waiting on that
+pipe runs while the main thread is in such a call (they release the GIL). It ends
+the process with os._exit, no more abruptly than the default action did: files
+are written atomically and the kill -9 tests cover any moment of a run.
+"""
+
+import os
+import signal
+import threading
+
+_state = {}  # While end_at_sigterm's watch is on: its pipe, command, releases.
+_lock = threading.Lock()  # The watcher ends the process holding it; hand-over waits.
+
+
+def end_at_sigterm(command: str) -> None:
+  """Watches for SIGTERM until hand_over_sigterm (see above). Only in the main
+  thread, and only where SIGTERM has its default action: a command started with
+  SIGTERM ignored keeps ignoring it."""
+  if (_state or threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+    return
+  read_fd, write_fd = os.pipe()
+  os.set_blocking(write_fd, False)  # set_wakeup_fd's requirement.
+  signal.signal(signal.SIGTERM, _python_handler)
+  previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+  _state.update(command=command, write_fd=write_fd, previous_fd=previous, releases=[])
+  threading.Thread(target=_watch, args=(read_fd,), name="sigterm-at-start-up",
+                   daemon=True).start()
+
+
+def _python_handler(signum, frame):
+  """Nothing: the watcher acts (the wakeup fd is written only for signals with a
+  Python handler)."""
+  del signum, frame
+
+
+def _watch(read_fd: int) -> None:
+  with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+    while True:
+      numbers = pipe.read(64)  # Each byte a signal's number (SIGINT's too).
+      if not numbers:  # hand_over_sigterm closed the other end.
+        return
+      if signal.SIGTERM in numbers:
+        with _lock:
+          if _state:
+            _end(_state["command"], _state["releases"])
+
+
+def _end(command: str, releases: list) -> None:
+  for release in list(releases):
+    try:
+      release()
+    except Exception:  # pylint: disable=broad-except
+      pass  # The lock is then taken over by the next run, with a warning.
+  # os.write: the main thread may hold sys.stderr's buffer lock.
+  os.write(2, f"{command}: stopped by SIGTERM during start-up, before training began: "
+              "nothing to save; rerun the same command to resume\n".encode())
+  os._exit(128 + signal.SIGTERM)  # pylint: disable=protected-access
+
+
+def release_at_sigterm(release):
+  """Has end_at_sigterm's end call `release()` first; returns a function that
+  takes it back (call it once `release` has run). Nothing while no watch is on."""
+  releases = _state.get("releases")
+  if releases is None:
+    return lambda: None
+  releases.append(release)
+  return lambda: release in releases and releases.remove(release)
+
+
+def hand_over_sigterm(restore_default: bool = True) -> None:
+  """Ends the watch (in the main thread): SIGTERM is the caller's from here on,
+  with its default action restored first, unless `restore_default` is False (JAX's
+  preemption service has installed its own handler, which this must not replace).
+  A SIGTERM during the hand-over still ends the process, by one or the other."""
+  if not _state:
+    return
+  if restore_default and signal.getsignal(signal.SIGTERM) is _python_handler:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  with _lock:
+    signal.set_wakeup_fd(_state["previous_fd"])
+    os.close(_state["write_fd"])
+    _state.clear()
