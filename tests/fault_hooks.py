@@ -66,6 +66,16 @@ class _LoggedBatches:
       self._batches.close()
 
 
+def _held(function, note, seconds):
+  """`function`, first printing `fault: {note}` and sleeping `seconds`."""
+  def held(*args, **kwargs):
+    sys.stderr.write(f"fault: {note}\n")
+    sys.stderr.flush()
+    time.sleep(seconds)
+    return function(*args, **kwargs)
+  return held
+
+
 def install_hooks(environ):
   log, seconds = environ.get("FAULT_BATCH_LOG"), float(environ.get("FAULT_STEP_SECONDS", 0))
   if log or seconds:
@@ -80,28 +90,12 @@ def install_hooks(environ):
 
   start_seconds = float(environ.get("FAULT_START_SECONDS", 0))
   if start_seconds:
-    load = data_lib.get_train_and_eval
-
-    def slow_start(*args, **kwargs):
-      sys.stderr.write("fault: starting\n")
-      sys.stderr.flush()
-      time.sleep(start_seconds)
-      return load(*args, **kwargs)
-
-    data_lib.get_train_and_eval = slow_start
+    data_lib.get_train_and_eval = _held(data_lib.get_train_and_eval, "starting", start_seconds)
 
   eval_seconds = float(environ.get("FAULT_EVAL_SECONDS", 0))
   if eval_seconds:
     from transformer import steps  # pylint: disable=g-import-not-at-top
-    evaluate_loss = steps.evaluate_loss
-
-    def slow_evaluate_loss(*args, **kwargs):
-      sys.stderr.write("fault: evaluating\n")
-      sys.stderr.flush()
-      time.sleep(eval_seconds)
-      return evaluate_loss(*args, **kwargs)
-
-    steps.evaluate_loss = slow_evaluate_loss
+    steps.evaluate_loss = _held(steps.evaluate_loss, "evaluating", eval_seconds)
 
   from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
   save_seconds = float(environ.get("FAULT_SAVE_SECONDS", 0))
