@@ -62,8 +62,13 @@ def random_tokens(rng: np.random.Generator, lengths, width, vocab=23):
 
 
 def init_model(cfg, inputs, targets, seed=0):
+  """Transformer(cfg) and its parameters from `seed`. They do not depend on the
+  batch's shape, so it initialises on the first token of `inputs` and `targets`:
+  every init runs at one shape, and the operations (each compiled on its own,
+  eagerly) that configs have in common are compiled once, not once per shape."""
   model = Transformer(cfg)
-  params = model.init(jax.random.key(seed), jnp.asarray(inputs), jnp.asarray(targets))["params"]
+  params = model.init(jax.random.key(seed), jnp.asarray(inputs)[:1, :1],
+                      jnp.asarray(targets)[:1, :1])["params"]
   return model, params
 
 

@@ -74,15 +74,19 @@ def test_bfloat16_values_and_gradients_match_float32_accumulation(x_shape, w_sha
   the product and of the cotangent to bf16 differs (~2^-8 relative)."""
   x, w, b = inputs(x_shape, w_shape, n)
   x16, w16 = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-  out = dense(x16, w16, b, n)
+
+  @jax.jit  # Ours and the reference, values and gradients, as one compiled program.
+  def values_and_gradients(x16, w16, b):
+    x32, w32 = x16.astype(jnp.float32), w16.astype(jnp.float32)
+    grads = jax.grad(lambda x, w, b: jnp.sum(jnp.sin(dense(x, w, b, n).astype(jnp.float32))),
+                     (0, 1, 2))(x16, w16, b)
+    ref_grads = jax.grad(loss_fn(autodiff_dense, jnp.float32, n), (0, 1, 2))(x32, w32, b)
+    return dense(x16, w16, b, n), autodiff_dense(x32, w32, b, n), grads, ref_grads
+
+  out, ref, grads, ref_grads = values_and_gradients(x16, w16, b)
   assert out.dtype == jnp.bfloat16
-  ref = autodiff_dense(x16.astype(jnp.float32), w16.astype(jnp.float32), b, n)
   np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=1e-2, atol=2e-2)
 
-  grads = jax.grad(lambda x, w, b: jnp.sum(jnp.sin(dense(x, w, b, n).astype(jnp.float32))),
-                   (0, 1, 2))(x16, w16, b)
-  ref_grads = jax.grad(loss_fn(autodiff_dense, jnp.float32, n), (0, 1, 2))(
-      x16.astype(jnp.float32), w16.astype(jnp.float32), b)
   for g, r, dtype in zip(grads, ref_grads, (jnp.bfloat16, jnp.bfloat16, jnp.float32)):
     assert g.dtype == dtype
     scale = float(jnp.max(jnp.abs(r)))
@@ -150,9 +154,9 @@ def test_few_rows_with_a_long_contraction_run_in_chunks_on_a_cpu(rows, fan_in, d
   float16 stay one product."""
   x, w, b = inputs((rows, 1, fan_in), (fan_in, 8), 1)
   x, w = x.astype(dtype), w.astype(dtype)
-  fn = jax.jit(lambda x, w, b: dense(x, w, b, 1))
-  assert fn.lower(x, w, b).as_text().count("stablehlo.dot_general") == products
-  out = fn(x, w, b)
+  lowered = jax.jit(lambda x, w, b: dense(x, w, b, 1)).lower(x, w, b)
+  assert lowered.as_text().count("stablehlo.dot_general") == products
+  out = lowered.compile()(x, w, b)  # The program whose products were counted.
   assert out.shape == (rows, 1, 8) and out.dtype == dtype
   ref = x.astype(jnp.float32) @ w.astype(jnp.float32) + b[None, None]
   np.testing.assert_allclose(out.astype(jnp.float32), ref, rtol=2**-7, atol=1e-2)

@@ -4,6 +4,7 @@ for every attention score."""
 import dataclasses
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +18,14 @@ from transformer.model import (DecoderLayer, Embed, EncoderLayer, FeedForward, T
                                shift_right, sinusoidal_table, tied_logits)
 from transformer.state import parameter_count, parameter_shapes
 from tests.helpers import TINY, init_model, random_tokens, tiny_config
+
+# Flax's apply as one compiled program, for the forward passes whose shapes no other
+# test shares (run eagerly, each operation is compiled on its own for each new shape,
+# but those compilations serve every config at that shape, so the tests that run
+# many configs at shared shapes stay eager). The module is a static argument: equal
+# modules (equal configs) share a trace and its compilation per shape.
+apply = jax.jit(nn.Module.apply, static_argnums=0,
+                static_argnames=("method", "mutable", "deterministic", "decode"))
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (99, 31)])
@@ -114,7 +123,7 @@ def test_causality_by_perturbation_and_gradient(attention_impl, score):
   inputs = random_tokens(rng, [6], 6)
   targets = random_tokens(rng, [8], 8)
   model, params = init_model(cfg, inputs, targets)
-  forward = jax.jit(lambda i, t: model.apply({"params": params}, i, t))
+  forward = lambda i, t: apply(model, {"params": params}, i, t)
   logits = forward(inputs, targets)
   for t in range(7):
     changed = targets.copy()
@@ -126,20 +135,21 @@ def test_causality_by_perturbation_and_gradient(attention_impl, score):
     assert not np.allclose(out[0, t + 1:], logits[0, t + 1:], atol=1e-5)
 
   # The same through gradients: logits at t w.r.t. the decoder input vector at u.
-  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
   decoder_inputs = shift_right(jnp.asarray(targets), cfg.bos_id)
-  grads = _grad_of_logits_wrt_positions(model, params, encoded, inputs, decoder_inputs)
+  grads = _grad_of_logits_wrt_positions(model, params, inputs, decoder_inputs)
   for t in range(8):
     assert np.all(grads[t, t + 1:] == 0.0), f"logits at {t} see later tokens"
     assert np.all(grads[t, :t + 1] != 0.0)
 
 
-def _grad_of_logits_wrt_positions(model, params, encoded, inputs, decoder_inputs):
+def _grad_of_logits_wrt_positions(model, params, inputs, decoder_inputs):
   """[T, T]: |d logits[t] / d (decoder input vector at position u)|."""
   cfg = model.config
   T = decoder_inputs.shape[1]
 
   def logit_sums_T(offsets_TxD):
+    # Encoded in the same program (it does not depend on the offsets).
+    encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
     # Learned positions initialised to the sinusoid give the same model, with a
     # differentiable per-position input vector.
     p = dict(params)
@@ -170,11 +180,11 @@ def test_packed_rows_equal_separate_examples():
     packed_tg[0, j:j + len(t)] = t; tg_seg[0, j:j + len(t)] = k + 1
     tg_pos[0, j:j + len(t)] = np.arange(len(t))
     i += len(s); j += len(t)
-  packed = model.apply({"params": params}, packed_in, packed_tg, in_seg, tg_seg,
-                       in_pos, tg_pos)
+  packed = apply(model, {"params": params}, packed_in, packed_tg, in_seg, tg_seg,
+                 in_pos, tg_pos)
   j = 0
   for s, t in zip(srcs, tgts):
-    alone = model.apply({"params": params}, s[None], t[None])
+    alone = apply(model, {"params": params}, s[None], t[None])
     np.testing.assert_allclose(packed[0, j:j + len(t)], alone[0], atol=1e-5)
     j += len(t)
 
@@ -445,7 +455,6 @@ def test_dropout_acts_on_sublayer_outputs_and_embedding_sums_only():
   else. Every Dropout call is recorded with the module that ran just before it
   in the same scope: it must be one of those, and the value dropped must be
   exactly that module's output."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from transformer.attention import MultiHeadAttention  # pylint: disable=g-import-not-at-top
   from transformer.dropout import Dropout  # pylint: disable=g-import-not-at-top
   from transformer.model import FeedForward, PositionalEncoding  # pylint: disable=g-import-not-at-top
@@ -507,8 +516,11 @@ def test_attention_dropout_is_its_own_rate_in_every_attention(score, attention_i
                       attention_score=score, attention_impl=attention_impl)
     model, params = init_model(cfg, inputs, targets)
     calls.clear()
-    model.apply({"params": params}, inputs, targets, deterministic=False,
-                rngs={"dropout": jax.random.key(1)})
+    # Traced, not run: the dropouts a trace records are the program's. (A new
+    # function, so traced anew, with the recording dropout.)
+    jax.eval_shape(lambda p, i, t, rng: model.apply(p, i, t, deterministic=False,
+                                                    rngs={"dropout": rng}),
+                   {"params": params}, inputs, targets, jax.random.key(1))
     if attention_dropout == 0.0:
       assert calls == []
       continue
@@ -549,9 +561,9 @@ def test_a_sequence_longer_than_max_len_is_refused_not_nan():
   rng = np.random.default_rng(2)
   model, params = init_model(cfg, random_tokens(rng, [4], 4), random_tokens(rng, [4], 4))
   fits = random_tokens(rng, [cfg.max_len], cfg.max_len)
-  assert np.isfinite(model.apply({"params": params}, fits, fits)).all()
+  assert np.isfinite(apply(model, {"params": params}, fits, fits)).all()
   over = random_tokens(rng, [cfg.max_len + 1], cfg.max_len + 1)
   for inputs, targets in ((over, fits), (fits, over)):
     with pytest.raises(ValueError, match=f"longer than config.model.max_len={cfg.max_len}"):
-      model.apply({"params": params}, inputs, targets)
+      apply(model, {"params": params}, inputs, targets)
 
