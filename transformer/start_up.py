@@ -12,11 +12,12 @@ JAX's preemption service, in a multi-process job) takes SIGTERM.
 
 Why a thread: a Python signal handler runs only between bytecodes of the main
 thread, so it would wait for a compilation or a vocabulary's training to return
-(seconds to minutes: for a large model, past a scheduler's grace period). Python's C-level handler writes the
-signal's number to `signal.set_wakeup_fd` at once, and a thread waiting on that
-pipe runs while the main thread is in such a call (they release the GIL). It ends
-the process with os._exit, no more abruptly than the default action did: files
-are written atomically and the kill -9 tests cover any moment of a run.
+(seconds to minutes: for a large model, past a scheduler's grace period).
+Python's C-level handler writes the signal's number to `signal.set_wakeup_fd` at
+once, and a thread waiting on that pipe runs while the main thread is in such a
+call (they release the GIL). It ends the process with os._exit, no more abruptly
+than the default action did: files are written atomically and the kill -9 tests
+cover any moment of a run.
 """
 
 import os
