@@ -18,14 +18,7 @@ from transformer.model import (DecoderLayer, Embed, EncoderLayer, FeedForward, T
                                shift_right, sinusoidal_table, tied_logits)
 from transformer.state import parameter_count, parameter_shapes
 from tests.helpers import TINY, init_model, random_tokens, tiny_config
-
-# Flax's apply as one compiled program, for the forward passes whose shapes no other
-# test shares (run eagerly, each operation is compiled on its own for each new shape,
-# but those compilations serve every config at that shape, so the tests that run
-# many configs at shared shapes stay eager). The module is a static argument: equal
-# modules (equal configs) share a trace and its compilation per shape.
-apply = jax.jit(nn.Module.apply, static_argnums=0,
-                static_argnames=("method", "mutable", "deterministic", "decode"))
+from tests.helpers import compiled_apply as apply  # For the passes whose shapes are their own.
 
 
 @pytest.mark.parametrize("pos,i", [(0, 0), (1, 0), (7, 3), (50, 10), (99, 31)])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests import process_helpers
-from tests.helpers import random_tokens, tiny_experiment
+from tests.helpers import compiled_apply, random_tokens, tiny_experiment
 from tests.test_plots import assert_png
 from transformer import decode, evaluate, state as state_lib, training, translate
 from transformer.config import ModelConfig, check_config, check_model_axis, model_config
@@ -46,14 +46,10 @@ def tiny(variant):
   return model, jax.jit(model.init)(jax.random.key(0), ones, ones)["params"]
 
 
-@functools.lru_cache(maxsize=None)
-def jitted(model, method=None):
-  return jax.jit(functools.partial(model.apply, method=method))
-
-
 def forward(variant, inputs, targets):
   model, params = tiny(variant)
-  return np.asarray(jitted(model)({"params": params}, jnp.asarray(inputs), jnp.asarray(targets)))
+  return np.asarray(compiled_apply(model, {"params": params}, jnp.asarray(inputs),
+                                   jnp.asarray(targets)))
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -76,7 +72,7 @@ def test_encoder_directions_read_left_and_right_context():
   <= j, the backward half tokens >= j of the real sentence. Reversing each row's
   real tokens and swapping the directions' parameters swaps the halves, reversed."""
   model, params = tiny("luong_general")  # One bidirectional layer.
-  encode = jitted(model, "encode")
+  encode = functools.partial(compiled_apply, model, method="encode")
   h = 16 // 2
   rng = np.random.default_rng(1)
   lengths = [6, 4]
@@ -197,12 +193,12 @@ def test_decoder_equals_the_papers_formulas_by_hand(variant):
   rng = np.random.default_rng(7)
   inputs = random_tokens(rng, [5, 3], 6, V)
   targets = random_tokens(rng, [4, 6], 6, V)
-  encoded = jitted(model, "encode")({"params": params}, jnp.asarray(inputs))
+  encoded = compiled_apply(model, {"params": params}, jnp.asarray(inputs), method="encode")
   decoder_inputs = np.asarray(shift_right(jnp.asarray(targets), model.config.bos_id))
   logits, weights = naive_rnn_decoder(model.config, params, encoded, inputs, decoder_inputs)
   np.testing.assert_allclose(
-      jitted(model, "attention_weights")({"params": params}, jnp.asarray(inputs),
-                                         jnp.asarray(targets)), weights, atol=1e-5, rtol=0)
+      compiled_apply(model, {"params": params}, jnp.asarray(inputs), jnp.asarray(targets),
+                     method="attention_weights"), weights, atol=1e-5, rtol=0)
   np.testing.assert_allclose(forward(variant, inputs, targets), logits, atol=1e-5, rtol=0)
 
 
@@ -214,8 +210,8 @@ def test_start_state_is_tanh_of_the_backward_first_annotation(variant):
   model, params = tiny(variant)
   cfg = model.config
   inputs = jnp.asarray(random_tokens(np.random.default_rng(8), [5, 3], 6, V))
-  encoded = jitted(model, "encode")({"params": params}, inputs)
-  _, carry = jitted(model, "start")({"params": params}, encoded, inputs)
+  encoded = compiled_apply(model, {"params": params}, inputs, method="encode")
+  _, carry = compiled_apply(model, {"params": params}, encoded, inputs, method="start")
   expected = {"layers": tuple(naive_start(cfg, params, np.asarray(encoded, np.float64)))}
   if cfg.rnn_attention != "bahdanau" and cfg.rnn_input_feeding:
     expected["feed"] = np.zeros((2, cfg.d_model))
@@ -266,7 +262,7 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(variant):
   rng = np.random.default_rng(6)
   inputs = jnp.asarray(random_tokens(rng, [5, 3], 6, V))
   targets = jnp.asarray(random_tokens(rng, [4, 6], 6, V))
-  logits = jitted(half)({"params": params}, inputs, targets)
+  logits = compiled_apply(half, {"params": params}, inputs, targets)
   assert logits.dtype == jnp.float32  # Accumulated in float32, tied or not, never rounded:
   assert np.mean(np.asarray(logits) == np.asarray(logits.astype(jnp.bfloat16).astype(
       jnp.float32))) < 0.1
@@ -281,7 +277,7 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(variant):
              for g in jax.tree.leaves(grads))
   # The source annotations (the context decoding reads) and the decoding state
   # are bfloat16, and the greedy search runs on them.
-  encoded = jitted(half, "encode")({"params": params}, inputs)
+  encoded = compiled_apply(half, {"params": params}, inputs, method="encode")
   assert encoded.dtype == jnp.bfloat16
   decoding = RNNDecoding(half)
   greedy = jax.jit(functools.partial(decode.encode_and_decode, decoding, mode="greedy",
