@@ -11,14 +11,14 @@ line on stderr naming the problem, and exit status 1 (`--verbosity=1` logs the
 traceback too). SIGTERM or SIGINT (a scheduler's preemption, Ctrl-C) saves a
 checkpoint after the step in flight and exits with status 143 or 130 (128 + the
 signal); rerunning resumes from it (transformer/preemption.py). A SIGTERM before
-training begins ends it at once, in one line (transformer/start_up.py).
+training begins ends it at once, in one line (transformer/sigterm.py).
 """
 
-from transformer import runtime, start_up
+from transformer import runtime, sigterm
 
 if __name__ == "__main__":
   runtime.end_at_interrupt("train")  # A Ctrl-C at start-up: one line (see there).
-  start_up.end_at_sigterm("train")  # A SIGTERM before training takes it: one line.
+  sigterm.watch("train", sigterm.BEFORE_TRAINING)  # A SIGTERM before training takes it.
   runtime.use_fast_malloc()  # Before JAX starts; see transformer/runtime.py.
 
 import sys  # pylint: disable=g-import-not-at-top

@@ -11,10 +11,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transformer import runtime, start_up  # pylint: disable=g-import-not-at-top
+from transformer import runtime, sigterm  # pylint: disable=g-import-not-at-top
 
 if __name__ == "__main__":  # As train.py does.
-  start_up.end_at_sigterm("train")
+  sigterm.watch("train", sigterm.BEFORE_TRAINING)
   runtime.use_fast_malloc()
 
 from tests import fault_hooks

@@ -119,19 +119,19 @@ def test_sigterm_at_start_up_ends_at_once_in_one_line_and_unlocks_the_workdir(tm
     ("ignored", 0, ""),  # Started with SIGTERM ignored: it stays ignored.
 ])
 def test_sigterm_at_start_up_until_it_is_handed_over(how, status, stderr):
-  """start_up's watch: a SIGTERM ends the command in one line, after the
-  registered releases (a workdir lock's); hand_over_sigterm gives SIGTERM its
+  """sigterm's watch: a SIGTERM ends the command in one line, after the
+  registered releases (a workdir lock's); hand_over gives SIGTERM its
   default action back; a SIGTERM the command was started ignoring is ignored."""
   script = (
       "import os, signal, sys, time\n"
-      "from transformer import start_up\n"
+      "from transformer import sigterm\n"
       f"how = {how!r}\n"
       "if how == 'ignored':\n"
       "  signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-      "start_up.end_at_sigterm('cmd')\n"
-      "start_up.release_at_sigterm(lambda: print('released', flush=True))\n"
+      "sigterm.watch('cmd', sigterm.BEFORE_TRAINING)\n"
+      "sigterm.release_first(lambda: print('released', flush=True))\n"
       "if how == 'handed over':\n"
-      "  start_up.hand_over_sigterm()\n"
+      "  sigterm.hand_over()\n"
       "os.kill(os.getpid(), signal.SIGTERM)\n"
       "time.sleep(0.5 if how == 'ignored' else 30)\n")
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

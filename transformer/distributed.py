@@ -31,7 +31,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import preemption, runtime, start_up
+from transformer import preemption, runtime, sigterm
 
 ADDRESS, COUNT, INDEX = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 # JAX's own defaults; a config (or a workdir's config.json) without the section gets them.
@@ -228,7 +228,7 @@ def maybe_initialize(settings=None, stop_at_sync_points: bool = False) -> Option
                     f"{type(e).__name__}: {runtime.first_line(e)}") from e
   logging.info("Process %d of %d joined.", jax.process_index(), jax.process_count())
   if stop_at_sync_points:  # JAX's notifier has SIGTERM now (transformer/preemption.py).
-    start_up.hand_over_sigterm(restore_default=False)
+    sigterm.hand_over(restore_default=False)
   if job.described_by == "slurm" and (idle := slurm_idle_gpus(os.environ)):
     logging.warning("SLURM: %s.", idle)
   return job

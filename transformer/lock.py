@@ -8,7 +8,7 @@ message naming the first. The kernel drops the flock when its holder dies,
 however it dies (kill -9 included), so a LOCK file left behind by a dead
 process is taken over, with a warning naming that process. A clean exit
 removes the file, and so does a SIGTERM during train.py's start-up
-(transformer/start_up.py).
+(transformer/sigterm.py).
 
 Where the filesystem cannot flock (some network filesystems), the recorded pid
 is checked instead: a lock whose pid is dead on this host is stale; a lock of
@@ -32,7 +32,7 @@ import time
 
 from absl import logging
 
-from transformer import files, runtime, start_up
+from transformer import files, runtime, sigterm
 
 LOCK_NAME = "LOCK"
 TAKEOVER_SUFFIX = ".takeover"  # LOCK.takeover: held while a stale LOCK is removed (no flock).
@@ -107,7 +107,7 @@ class WorkdirLock:
     self.path = os.path.join(workdir, LOCK_NAME)
     self.command = command
     self._fd = None
-    self._forget = lambda: None  # Takes back start_up.release_at_sigterm's registration.
+    self._forget = lambda: None  # Takes back sigterm.release_first's registration.
 
   def _record(self):
     return {"host": socket.gethostname(), "pid": os.getpid(), "command": self.command,
@@ -159,7 +159,7 @@ class WorkdirLock:
                         describe(previous))
       os.ftruncate(fd, 0)
       os.pwrite(fd, json.dumps(self._record()).encode(), 0)
-      self._forget = start_up.release_at_sigterm(self.release)
+      self._forget = sigterm.release_first(self.release)
       files.remove_dead_temporaries(self.workdir)
     except OSError as e:  # Not a directory, no permission, a read-only filesystem...
       raise runtime.CommandError(f"workdir {self.workdir} cannot be used: "
@@ -181,7 +181,7 @@ class WorkdirLock:
         continue
       os.write(fd, json.dumps(self._record()).encode())
       self._fd = fd
-      self._forget = start_up.release_at_sigterm(self.release)
+      self._forget = sigterm.release_first(self.release)
       files.remove_dead_temporaries(self.workdir)
       return self
     raise self._busy(_read_owner(self.path))

@@ -1,7 +1,7 @@
 """SIGTERM and SIGINT stop training at a step boundary, with a checkpoint.
 
 From the moment the loop begins: before it, in train.py's start-up, SIGTERM ends
-the process at once (transformer/start_up.py), and StopSignals.install takes it
+the process at once (transformer/sigterm.py), and StopSignals.install takes it
 over from there.
 
 A scheduler preempting a job sends SIGTERM and waits a grace period before
@@ -43,7 +43,7 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
-from transformer import start_up
+from transformer import sigterm
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Seconds within which a second SIGTERM is taken for the first one sent twice.
@@ -82,7 +82,7 @@ class StopSignals:
     if threading.current_thread() is not threading.main_thread():
       return self
     self._job_wide = _job_wide_service()
-    start_up.hand_over_sigterm(restore_default=not self._job_wide)
+    sigterm.hand_over(restore_default=not self._job_wide)
     if self._job_wide:  # SIGTERM stays with JAX's notifier.
       self._previous = {signal.SIGINT: signal.signal(signal.SIGINT, self._handle)}
     else:

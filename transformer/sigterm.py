@@ -1,14 +1,17 @@
-"""A SIGTERM while train.py starts up ends it at once, in one line, its workdir unlocked.
+"""A SIGTERM that a command does not take for itself ends it at once, in one
+line, its workdir unlocked.
 
 Training takes SIGTERM to save and stop at a step (transformer/preemption.py), but
 only once its loop begins: before that (imports, the vocabulary, data, compiling,
-restoring; a minute or more) there is nothing to save. SIGTERM's default action
-ended the process there silently, and the next run warned that it took over a
-dead process's lock. `end_at_sigterm(command)`, called first thing in train.py,
-makes that SIGTERM end the process with `{command}: stopped by SIGTERM during
-start-up ...` and status 143, after running what `release_at_sigterm` registered
-(the workdir lock's release). `hand_over_sigterm()` ends this once training (or
-JAX's preemption service, in a multi-process job) takes SIGTERM.
+restoring; a minute or more) there is nothing to save. evaluate, translate and
+average_checkpoints never take it: what they write survives a kill at any moment
+(written atomically, or streamed and flushed). SIGTERM's default action ended these
+silently, and the next run warned that it took over a dead process's lock.
+`watch(command, outcome)`, called first thing in each command, makes that SIGTERM
+end the process with `{command}: stopped by SIGTERM{outcome}` and status 143,
+after running what `release_first` registered (the workdir lock's release).
+`hand_over()` ends this once training (or JAX's preemption service, in a
+multi-process job) takes SIGTERM, or once a command has written its results.
 
 Why a thread: a Python signal handler runs only between bytecodes of the main
 thread, so it would wait for a compilation or a vocabulary's training to return
@@ -24,14 +27,19 @@ import os
 import signal
 import threading
 
-_state = {}  # While end_at_sigterm's watch is on: its pipe, command, releases.
+# train's outcome (train.py and the fault tests' copy of it).
+BEFORE_TRAINING = (" during start-up, before training began: nothing to save; "
+                   "rerun the same command to resume")
+
+_state = {}  # While the watch is on: its pipe, message, releases.
 _lock = threading.Lock()  # The watcher ends the process holding it; hand-over waits.
 
 
-def end_at_sigterm(command: str) -> None:
-  """Watches for SIGTERM until hand_over_sigterm (see above). Only in the main
-  thread, and only where SIGTERM has its default action: a command started with
-  SIGTERM ignored keeps ignoring it."""
+def watch(command: str, outcome: str) -> None:
+  """Watches for SIGTERM until hand_over (see above); `outcome` follows
+  `stopped by SIGTERM` and says what the stop leaves. Only in the main thread,
+  and only where SIGTERM has its default action: a command started with SIGTERM
+  ignored keeps ignoring it."""
   if (_state or threading.current_thread() is not threading.main_thread()
       or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
     return
@@ -39,8 +47,9 @@ def end_at_sigterm(command: str) -> None:
   os.set_blocking(write_fd, False)  # set_wakeup_fd's requirement.
   signal.signal(signal.SIGTERM, _python_handler)
   previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-  _state.update(command=command, write_fd=write_fd, previous_fd=previous, releases=[])
-  threading.Thread(target=_watch, args=(read_fd,), name="sigterm-at-start-up",
+  _state.update(message=f"{command}: stopped by SIGTERM{outcome}\n", write_fd=write_fd,
+                previous_fd=previous, releases=[])
+  threading.Thread(target=_watch, args=(read_fd,), name="sigterm-watch",
                    daemon=True).start()
 
 
@@ -54,28 +63,27 @@ def _watch(read_fd: int) -> None:
   with os.fdopen(read_fd, "rb", buffering=0) as pipe:
     while True:
       numbers = pipe.read(64)  # Each byte a signal's number (SIGINT's too).
-      if not numbers:  # hand_over_sigterm closed the other end.
+      if not numbers:  # hand_over closed the other end.
         return
       if signal.SIGTERM in numbers:
         with _lock:
           if _state:
-            _end(_state["command"], _state["releases"])
+            _end(_state["message"], _state["releases"])
 
 
-def _end(command: str, releases: list) -> None:
+def _end(message: str, releases: list) -> None:
   for release in list(releases):
     try:
       release()
     except Exception:  # pylint: disable=broad-except
       pass  # The lock is then taken over by the next run, with a warning.
   # os.write: the main thread may hold sys.stderr's buffer lock.
-  os.write(2, f"{command}: stopped by SIGTERM during start-up, before training began: "
-              "nothing to save; rerun the same command to resume\n".encode())
+  os.write(2, message.encode())
   os._exit(128 + signal.SIGTERM)  # pylint: disable=protected-access
 
 
-def release_at_sigterm(release):
-  """Has end_at_sigterm's end call `release()` first; returns a function that
+def release_first(release):
+  """Has watch's end call `release()` first; returns a function that
   takes it back (call it once `release` has run). Nothing while no watch is on."""
   releases = _state.get("releases")
   if releases is None:
@@ -84,7 +92,7 @@ def release_at_sigterm(release):
   return lambda: release in releases and releases.remove(release)
 
 
-def hand_over_sigterm(restore_default: bool = True) -> None:
+def hand_over(restore_default: bool = True) -> None:
   """Ends the watch (in the main thread): SIGTERM is the caller's from here on,
   with its default action restored first, unless `restore_default` is False (JAX's
   preemption service has installed its own handler, which this must not replace).
