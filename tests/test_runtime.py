@@ -105,25 +105,42 @@ def test_a_ctrl_c_at_start_up_ends_the_command_in_one_line_until_its_block_takes
   assert out.returncode == 0 and out.stdout == "not here\nwent on\n", out
 
 
-def test_a_ctrl_c_early_in_a_command_is_one_line(tmp_path):
-  """translate (and evaluate, train.py) set end_at_interrupt before anything else
-  in __main__: a Ctrl-C during their imports is one line and status 130."""
+def _signalled_early(tmp_path, command, signum, status, last_line):
+  """Sends `signum` to `command` at moments of its start-up (its imports): the
+  command ends with `status` and `last_line` on stderr, and no traceback."""
   env = {**os.environ, "TRANSFORMER_DEFAULT_MALLOC": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
-  interrupted = 0
+  signalled = 0
   for delay in (0.4, 0.55, 0.7, 0.85):  # It ends by itself (no workdir) after ~1.6 s.
     process = subprocess.Popen(_as_from_a_terminal(
-        [sys.executable, "-m", "transformer.translate", "--workdir", str(tmp_path)]),
+        [sys.executable, "-m", f"transformer.{command}", "--workdir", str(tmp_path)]),
         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     if process.poll() is not None:  # Ended already (a fast machine): nothing to check.
       continue
-    process.send_signal(signal.SIGINT)
-    interrupted += 1
+    process.send_signal(signum)
+    signalled += 1
     _, err = process.communicate(timeout=60)
-    assert process.returncode == -signal.SIGINT and "Traceback" not in err, (delay, err)
-    assert err.splitlines()[-1] == "translate: interrupted", (delay, err[-3000:])
-  assert interrupted >= 2
+    assert process.returncode == status and "Traceback" not in err, (delay, err)
+    assert err.splitlines()[-1] == last_line, (delay, err[-3000:])
+  assert signalled >= 2
+
+
+def test_a_ctrl_c_early_in_a_command_is_one_line(tmp_path):
+  """translate (and evaluate, train.py) set end_at_interrupt before anything else
+  in __main__: a Ctrl-C during their imports is one line and status 130."""
+  _signalled_early(tmp_path, "translate", signal.SIGINT, -signal.SIGINT,
+                   "translate: interrupted")
+
+
+def test_a_sigterm_in_evaluate_is_one_line(tmp_path):
+  """evaluate (and translate, average_checkpoints) ended silently by SIGTERM's
+  default action (status -15 here), at any moment: now in one line that says
+  what is kept, with status 143 (transformer/sigterm.py; translate's and
+  average_checkpoints' are tested mid-run)."""
+  _signalled_early(tmp_path, "evaluate", signal.SIGTERM, 128 + signal.SIGTERM,
+                   "evaluate: stopped by SIGTERM before its results were written (those it "
+                   "would replace are kept); rerun the same command")
 
 
 def _swallowed_ctrl_c(command, rest):

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 import numpy as np
@@ -385,6 +386,36 @@ def test_command_streams_each_line_as_it_arrives(workdir):
   finally:
     process.kill()
   assert answers[1] == "\n" and all(a.endswith("\n") and a.strip() for a in answers[::2])
+
+
+def test_a_sigterm_between_lines_is_one_line_and_keeps_what_was_written(workdir, tmp_path):
+  """SIGTERM while translate waits for its next input line: it ended silently by
+  SIGTERM's default action. Now one line naming what is kept, status 143; the
+  translation already written stays in --output's .partial file."""
+  import signal  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "out.txt"
+  process = subprocess.Popen(
+      [sys.executable, "-m", "transformer.translate", "--workdir", workdir, "--mode", "greedy",
+       "--chunk_lines", "1", "--output", str(out)], cwd=ROOT, stdin=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  try:
+    process.stdin.write("walk twice\n")
+    process.stdin.flush()
+    partial = tmp_path / "out.txt.partial"
+    deadline = time.monotonic() + 240
+    while not (partial.exists() and partial.read_text().endswith("\n")):
+      assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+      time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM
+    stderr = process.stderr.read()
+  finally:
+    process.kill()
+  assert stderr.splitlines()[-1] == (
+      "translate: stopped by SIGTERM; the chunks translated before it were written (an "
+      "--output file keeps them as FILE.partial)"), stderr
+  assert "Traceback" not in stderr and not out.exists()
+  assert len(partial.read_text().splitlines()) == 1 and partial.read_text().strip()
 
 
 def test_a_reader_that_leaves_ends_the_command_by_sigpipe_without_a_word(workdir, tmp_path):

@@ -12,6 +12,11 @@ any moment leaves the previous one readable (see _replace_dir). It holds the
 workdir's lock (transformer/lock.py): it does not run beside a training.
 """
 
+if __name__ == "__main__":  # A SIGTERM: one line, the workdir unlocked (sigterm.py).
+  from transformer import sigterm
+  sigterm.watch("average_checkpoints", "; an average is used only once complete "
+                "(checkpoints_averaged/averaged.json names its steps); rerun the same command")
+
 import glob
 import json
 import os
@@ -23,7 +28,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
-from transformer import checkpoints, distributed, lock, runtime
+from transformer import checkpoints, distributed, lock, runtime, sigterm
 from transformer import workdir as workdir_lib
 
 
@@ -165,6 +170,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   with workdir_lib.command("average_checkpoints", flags.FLAGS.workdir):
     step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
+  sigterm.hand_over()  # Done and unlocked: nothing left for SIGTERM's message to speak of.
   if jax.process_index() == 0:
     print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
 

@@ -30,8 +30,10 @@ are not directly comparable.
 """
 
 if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
-  from transformer import runtime
+  from transformer import runtime, sigterm
   runtime.end_at_interrupt("evaluate")  # A Ctrl-C at start-up: one line.
+  sigterm.watch("evaluate", " before its results were written (those it would replace are "
+                "kept); rerun the same command")  # A SIGTERM: one line (sigterm.py).
   runtime.use_fast_malloc()
 
 
@@ -51,7 +53,7 @@ from absl import logging
 import jax
 
 from transformer import data as data_lib
-from transformer import decode, distributed, files, inference, runtime, steps
+from transformer import decode, distributed, files, inference, runtime, sigterm, steps
 from transformer import metrics as metrics_lib
 from transformer import workdir as workdir_lib
 from transformer.config import REFILLING_ARCHITECTURES, SCORED_DECODE_MODES
@@ -283,6 +285,7 @@ def main(argv):
     result, path = run(f.workdir, f.split, f.checkpoint, f.mode, f.beam_size, f.alpha,
                        f.max_extra_len, f.limit, f.tokens_per_batch, f.chunk_lines, f.compact,
                        f.concurrent_batches, f.refill)
+  sigterm.hand_over()  # Written: SIGTERM's message would no longer be true.
   if jax.process_index() == 0:
     print(json.dumps(result, indent=2, sort_keys=True))
     print(f"wrote {path}")
