@@ -94,6 +94,21 @@ def kill9(process) -> None:
   process.wait()
 
 
+def sigterm_holding_lock(process, log_path, pattern, workdir) -> str:
+  """Once `pattern` is in the log, with `workdir` locked, sends `process` SIGTERM;
+  checks that it ends with status 143 within 30 s (killed if not) and returns
+  its log's text."""
+  try:
+    wait_for(log_path, pattern, process)
+    assert os.path.exists(os.path.join(workdir, "LOCK"))
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM, read(log_path)[-4000:]
+  finally:
+    if process.poll() is None:
+      kill9(process)
+  return read(log_path)
+
+
 def restore_final(workdir, step=None):
   """(state, data iterator state, step) of workdir's checkpoint `step` (default
   the newest), read as the tiny config's state on one device."""

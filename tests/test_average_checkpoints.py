@@ -166,7 +166,6 @@ def test_a_sigterm_while_averaging_is_one_line_and_unlocks_the_workdir(workdir, 
   ended the command silently, leaving its LOCK for the next run to take over
   with a warning. Now one line, status 143, the workdir unlocked, the previous
   average still the one read (transformer/sigterm.py)."""
-  import signal  # pylint: disable=g-import-not-at-top
   from tests import process_helpers as ph  # pylint: disable=g-import-not-at-top
   path, _, _, _ = workdir
   average_checkpoints(path, last=2)
@@ -174,15 +173,8 @@ def test_a_sigterm_while_averaging_is_one_line_and_unlocks_the_workdir(workdir, 
   log = str(tmp_path / "log")
   process = ph.start([os.path.join("tests", "fault_average.py"), "--workdir", path,
                       "--last", "1"], log, env=ph.command_env(FAULT_SAVE_SECONDS="60"))
-  try:
-    ph.wait_for(log, r"^fault: finalizing .*checkpoints_averaged\.tmp/20", process)
-    assert os.path.exists(os.path.join(path, "LOCK"))
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 128 + signal.SIGTERM, ph.read(log)[-4000:]
-  finally:
-    if process.poll() is None:
-      ph.kill9(process)
-  text = ph.read(log)
+  text = ph.sigterm_holding_lock(process, log, r"^fault: finalizing .*checkpoints_averaged\.tmp/20",
+                                 path)
   assert text.rstrip().splitlines()[-1] == (
       "average_checkpoints: stopped by SIGTERM; an average is used only once complete "
       "(checkpoints_averaged/averaged.json names its steps); rerun the same command"), text

@@ -95,15 +95,7 @@ def test_sigterm_at_start_up_ends_at_once_in_one_line_and_unlocks_the_workdir(tm
   workdir, log = str(tmp_path / "w"), str(tmp_path / "log")
   process = ph.start_train(workdir, tfds_dir, log, *chaos.OVERRIDES, script=FAULT_TRAIN,
                            env=ph.command_env(FAULT_START_SECONDS="120"))
-  try:
-    ph.wait_for(log, r"^fault: starting", process)
-    assert os.path.exists(os.path.join(workdir, "LOCK"))
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=30) == 128 + signal.SIGTERM, ph.read(log)[-4000:]
-  finally:
-    if process.poll() is None:
-      ph.kill9(process)
-  text = ph.read(log)
+  text = ph.sigterm_holding_lock(process, log, r"^fault: starting", workdir)
   assert text.rstrip().splitlines()[-1] == (
       "train: stopped by SIGTERM during start-up, before training began: nothing to save; "
       "rerun the same command to resume"), text[-4000:]
