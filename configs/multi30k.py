@@ -13,7 +13,8 @@ on a CPU with AVX-512 BF16), 17.5 min and 38.6; on an Intel Xeon with AMX (sessi
 DE->EN, 1550 steps in bfloat16 and the average of the last 5 (an AVX-512 BF16 EPYC,
 session 14): 33 min, 39.8. EN->DE in bfloat16 after session 15's faster bfloat16 gradients,
 on the same CPU model: 26 min, 38.3; with --config.train.num_steps=1450, 23 min and 37.6.
-See README.
+Those runs packed rows of 128 tokens; with rows of 64 (the default since session 45), the
+1450-step bfloat16 recipe took 19.6 min on an Intel Xeon with AMX, 38.0. See README.
 """
 
 from configs import base
@@ -45,8 +46,10 @@ def get_config(direction="en-de"):
   config.data.vocab_size = 8000  # Joint EN+DE BPE; small corpus, small vocabulary.
   config.data.max_length = 128
   config.data.batching = "pack"  # Little padding: packed rows with segment masks.
-  config.data.pack_length = 128
-  config.data.tokens_per_batch = 4096  # Target tokens per update (32 packed rows).
+  # Every Multi30k pair fits a row of 64 (the longest: 58 BPE tokens with EOS), and a
+  # shorter row attends over fewer positions: 1.06-1.09x the tokens/s of 128 (benchmarks/README.md).
+  config.data.pack_length = 64
+  config.data.tokens_per_batch = 4096  # Target tokens per update (64 packed rows).
 
   config.decode.tokens_per_batch = 512  # 32 sentences of <= 16 tokens: beam 4 is fastest here.
 
