@@ -47,7 +47,8 @@ def get_config(direction="en-de"):
   config.data.max_length = 128
   config.data.batching = "pack"  # Little padding: packed rows with segment masks.
   # Every Multi30k pair fits a row of 64 (the longest: 58 BPE tokens with EOS), and a
-  # shorter row attends over fewer positions: 1.06-1.09x the tokens/s of 128 (benchmarks/README.md).
+  # shorter row attends over fewer positions: 1.06-1.09x the tokens/s of rows of 128
+  # (benchmarks/README.md, session 45).
   config.data.pack_length = 64
   config.data.tokens_per_batch = 4096  # Target tokens per update (64 packed rows).
 

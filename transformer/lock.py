@@ -7,8 +7,8 @@ command and start time into the file: a second writer stops at once with a
 message naming the first. The kernel drops the flock when its holder dies,
 however it dies (kill -9 included), so a LOCK file left behind by a dead
 process is taken over, with a warning naming that process. A clean exit
-removes the file, and so does a SIGTERM during train.py's start-up
-(transformer/sigterm.py).
+removes the file, and so does a SIGTERM during train.py's start-up or
+average_checkpoints (transformer/sigterm.py).
 
 Where the filesystem cannot flock (some network filesystems), the recorded pid
 is checked instead: a lock whose pid is dead on this host is stale; a lock of
