@@ -412,8 +412,8 @@ def test_a_sigterm_between_lines_is_one_line_and_keeps_what_was_written(workdir,
   finally:
     process.kill()
   assert stderr.splitlines()[-1] == (
-      "translate: stopped by SIGTERM; the chunks translated before it were written (an "
-      "--output file keeps them as FILE.partial)"), stderr
+      "translate: stopped by SIGTERM; the chunks translated before it were written (a "
+      "regular --output file keeps them as FILE.partial)"), stderr
   assert "Traceback" not in stderr and not out.exists()
   assert len(partial.read_text().splitlines()) == 1 and partial.read_text().strip()
 

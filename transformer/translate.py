@@ -25,8 +25,8 @@ line (plots.py).
 if __name__ == "__main__":  # Before JAX starts; see transformer/runtime.py.
   from transformer import runtime, sigterm
   runtime.end_at_interrupt("translate")  # A Ctrl-C at start-up: one line.
-  sigterm.watch("translate", "; the chunks translated before it were written (an --output "
-                "file keeps them as FILE.partial)")  # A SIGTERM: one line (sigterm.py).
+  sigterm.watch("translate", "; the chunks translated before it were written (a regular "
+                "--output file keeps them as FILE.partial)")  # A SIGTERM: one line (sigterm.py).
   runtime.use_fast_malloc()
 
 
