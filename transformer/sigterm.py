@@ -5,9 +5,9 @@ Training takes SIGTERM to save and stop at a step (transformer/preemption.py), b
 only once its loop begins: before that (imports, the vocabulary, data, compiling,
 restoring; a minute or more) there is nothing to save. evaluate, translate and
 average_checkpoints never take it: what they write survives a kill at any moment
-(written atomically, or streamed and flushed). SIGTERM's default action ended these
-silently, and the next run warned that it took over a dead process's lock.
-`watch(command, outcome)`, called first thing in each command, makes that SIGTERM
+(written atomically, or streamed and flushed). Left to SIGTERM's default action,
+each would end silently, and the next run would warn that it took over a dead
+process's lock. `watch(command, outcome)`, called first thing in each command, makes that SIGTERM
 end the process with `{command}: stopped by SIGTERM{outcome}` and status 143,
 after running what `release_first` registered (the workdir lock's release).
 `hand_over()` ends this once training (or JAX's preemption service, in a
@@ -83,8 +83,8 @@ def _end(message: str, releases: list) -> None:
 
 
 def release_first(release):
-  """Has watch's end call `release()` first; returns a function that
-  takes it back (call it once `release` has run). Nothing while no watch is on."""
+  """Has watch's end call `release()` first; returns a function that takes it
+  back (call it once `release` has run). Nothing while no watch is on."""
   releases = _state.get("releases")
   if releases is None:
     return lambda: None
