@@ -7,14 +7,23 @@ Implicit rank promotion is an error (it hides shape bugs). Compiled programs are
 cached on disk for the session, so the many tiny training runs of the tests
 that share shapes compile once.
 
-Compiling is most of the suite's time, and LLVM's optimisations are about half of
-each compilation, so the tests' programs (tiny models, run for seconds) compile
-without them: XLA_FLAGS gets --xla_backend_optimization_level=0, which the
-tests' subprocesses inherit. XLA's optimised HLO is the same (compared for a
-training step), and so is what the tests check; LLVM's code rounds floats
-differently in the last bits (a float32 training step's parameters: 5e-7) from
-the optimised build, which the benchmarks and real runs use. Give another level
-in XLA_FLAGS to test at that one.
+Compiling is most of the suite's time, so the tests' programs (tiny models, run
+for seconds) compile the cheap way, with flags that real runs and the benchmarks
+do not set. XLA_FLAGS gets, unless it already names them (give other values
+there to test at those):
+- --xla_backend_optimization_level=0: no LLVM optimisations, about half of
+  each compilation. XLA's optimised HLO is the same (compared for a training
+  step); LLVM's code rounds floats differently in the last bits (a float32
+  training step's parameters: 5e-7).
+- --xla_cpu_use_fusion_emitters=false: XLA CPU's older code generator for
+  fusions, which compiles the tests' programs about 2x faster than the newer one
+  (benchmarks/README.md). The same operations, grouped into fewer fusions
+  (reductions join their element-wise neighbours); a training step's metrics
+  came out bit for bit the same.
+- --xla_cpu_parallel_codegen_split_count=1: each program's code is generated in
+  one piece, not split into parts for threads (the two test workers already keep
+  both cores busy): about a tenth off each compilation.
+The tests' subprocesses inherit them.
 """
 import os
 import tempfile
@@ -22,9 +31,11 @@ import tempfile
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(
-      filter(None, [os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"]))
+_CHEAP_COMPILATION = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+                      "--xla_cpu_parallel_codegen_split_count=1")
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), *(
+    flag for flag in _CHEAP_COMPILATION
+    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""))]))
 
 import jax
 
