@@ -109,11 +109,14 @@ def test_sigterm_at_start_up_ends_at_once_in_one_line_and_unlocks_the_workdir(tm
                      "nothing to save; rerun the same command to resume\n"),
     ("handed over", -signal.SIGTERM, ""),  # The default action again.
     ("ignored", 0, ""),  # Started with SIGTERM ignored: it stays ignored.
+    ("held", 143, "cmd: stopped by SIGTERM during start-up, before training began: "
+                  "nothing to save; rerun the same command to resume\n"),
 ])
 def test_sigterm_at_start_up_until_it_is_handed_over(how, status, stderr):
   """sigterm's watch: a SIGTERM ends the command in one line, after the
-  registered releases (a workdir lock's); hand_over gives SIGTERM its
-  default action back; a SIGTERM the command was started ignoring is ignored."""
+  registered releases (a workdir lock's), or, sent inside a held() block, once
+  the block has ended; hand_over gives SIGTERM its default action back; a
+  SIGTERM the command was started ignoring is ignored."""
   script = (
       "import os, signal, sys, time\n"
       "from transformer import sigterm\n"
@@ -124,12 +127,18 @@ def test_sigterm_at_start_up_until_it_is_handed_over(how, status, stderr):
       "sigterm.release_first(lambda: print('released', flush=True))\n"
       "if how == 'handed over':\n"
       "  sigterm.hand_over()\n"
+      "if how == 'held':\n"
+      "  with sigterm.held():\n"
+      "    os.kill(os.getpid(), signal.SIGTERM)\n"
+      "    time.sleep(0.5)\n"
+      "    print('the block ended', flush=True)\n"
       "os.kill(os.getpid(), signal.SIGTERM)\n"
       "time.sleep(0.5 if how == 'ignored' else 30)\n")
   done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                         cwd=ph.ROOT, timeout=20)
   assert (done.returncode, done.stderr) == (status, stderr), done.stderr
-  assert done.stdout == ("released\n" if how == "watched" else "")
+  assert done.stdout == {"watched": "released\n",
+                         "held": "the block ended\nreleased\n"}.get(how, "")
 
 
 @pytest.mark.long

@@ -240,7 +240,8 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     }
     result["signature"] = result["metrics"].get("bleu_signature")
     if out is not None:
-      _commit_results(out, stem, json.dumps(result, indent=2, sort_keys=True) + "\n")
+      with sigterm.held():  # The new hypotheses never sit beside the old JSON.
+        _commit_results(out, stem, json.dumps(result, indent=2, sort_keys=True) + "\n")
   finally:
     if out is not None:
       files.close_partial(out, stem + ".txt")

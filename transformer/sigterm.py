@@ -12,6 +12,8 @@ end the process with `{command}: stopped by SIGTERM{outcome}` and status 143,
 after running what `release_first` registered (the workdir lock's release).
 `hand_over()` ends this once training (or JAX's preemption service, in a
 multi-process job) takes SIGTERM, or once a command has written its results.
+Inside `with held():` a SIGTERM waits for the block to end: for files that
+must change together (evaluate's hypotheses and the JSON that names them).
 
 Why a thread: a Python signal handler runs only between bytecodes of the main
 thread, so it would wait for a compilation or a vocabulary's training to return
@@ -23,6 +25,7 @@ than the default action did: files are written atomically and the kill -9 tests
 cover any moment of a run.
 """
 
+import contextlib
 import os
 import signal
 import threading
@@ -32,7 +35,9 @@ BEFORE_TRAINING = (" during start-up, before training began: nothing to save; "
                    "rerun the same command to resume")
 
 _state = {}  # While the watch is on: its pipe, message, releases.
-_lock = threading.Lock()  # The watcher ends the process holding it; hand-over waits.
+# The watcher ends the process holding it; hand-over and held() blocks make it wait.
+# Reentrant: a held block may hand over.
+_lock = threading.RLock()
 
 
 def watch(command: str, outcome: str) -> None:
@@ -90,6 +95,14 @@ def release_first(release):
     return lambda: None
   releases.append(release)
   return lambda: release in releases and releases.remove(release)
+
+
+@contextlib.contextmanager
+def held():
+  """A SIGTERM that arrives inside the block ends the process (as `watch` says)
+  once the block has ended, whether it returns or raises."""
+  with _lock:
+    yield
 
 
 def hand_over(restore_default: bool = True) -> None:
