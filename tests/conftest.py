@@ -7,7 +7,7 @@ Implicit rank promotion is an error (it hides shape bugs). Compiled programs are
 cached on disk for the session, so the many tiny training runs of the tests
 that share shapes compile once.
 
-Compiling is most of the suite's time, so the tests' programs (tiny models, run
+Compiling is much of the suite's time, so the tests' programs (tiny models, run
 for seconds) compile the cheap way, with flags that real runs and the benchmarks
 do not set. XLA_FLAGS gets, unless it already names them (give other values
 there to test at those):
