@@ -104,13 +104,15 @@ def test_sigterm_at_start_up_ends_at_once_in_one_line_and_unlocks_the_workdir(tm
   assert not chaos.temporaries(workdir)  # The LOCK among them.
 
 
+_STOPPED_AT_START_UP = ("cmd: stopped by SIGTERM during start-up, before training began: "
+                        "nothing to save; rerun the same command to resume\n")
+
+
 @pytest.mark.parametrize("how,status,stderr", [
-    ("watched", 143, "cmd: stopped by SIGTERM during start-up, before training began: "
-                     "nothing to save; rerun the same command to resume\n"),
+    ("watched", 143, _STOPPED_AT_START_UP),
     ("handed over", -signal.SIGTERM, ""),  # The default action again.
     ("ignored", 0, ""),  # Started with SIGTERM ignored: it stays ignored.
-    ("held", 143, "cmd: stopped by SIGTERM during start-up, before training began: "
-                  "nothing to save; rerun the same command to resume\n"),
+    ("held", 143, _STOPPED_AT_START_UP),
 ])
 def test_sigterm_at_start_up_until_it_is_handed_over(how, status, stderr):
   """sigterm's watch: a SIGTERM ends the command in one line, after the
