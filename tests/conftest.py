@@ -33,9 +33,9 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 _CHEAP_COMPILATION = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
                       "--xla_cpu_parallel_codegen_split_count=1")
-os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), *(
-    flag for flag in _CHEAP_COMPILATION
-    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""))]))
+_given = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [_given] + [
+    flag for flag in _CHEAP_COMPILATION if flag.split("=")[0] not in _given]))
 
 import jax
 
