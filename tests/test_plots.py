@@ -194,7 +194,7 @@ def test_a_plot_written_to_a_link_or_a_pipe_goes_through_it(tmp_path):
   target.write_text("keep")
   link = tmp_path / "link.png"
   link.symlink_to(target)
-  fig = plots.plt.figure()
+  fig = plots.pyplot().figure()
   plots.save_figure(fig, str(link))
   assert link.is_symlink() and target.read_bytes().startswith(b"\x89PNG")
   pipe = tmp_path / "pipe"
@@ -202,7 +202,7 @@ def test_a_plot_written_to_a_link_or_a_pipe_goes_through_it(tmp_path):
   got = []
   reader = threading.Thread(target=lambda: got.append(open(pipe, "rb").read()))
   reader.start()
-  plots.save_figure(plots.plt.figure(), str(pipe))
+  plots.save_figure(plots.pyplot().figure(), str(pipe))
   reader.join(timeout=30)
   assert got and got[0].startswith(b"\x89PNG") and stat.S_ISFIFO(os.stat(pipe).st_mode)
 

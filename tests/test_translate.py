@@ -507,13 +507,16 @@ def test_arbitrary_unicode_gives_one_line_per_line_and_counts_the_overlong(resto
 
 def test_help_lists_the_decoding_flags_translate_shares_with_evaluate():
   """--help listed translate's own flags alone: --workdir, --mode, --checkpoint
-  and the other decoding flags showed only under --helpfull."""
-  out = subprocess.run([sys.executable, "-m", "transformer.translate", "--help"], cwd=ROOT,
-                       capture_output=True, text=True)
+  and the other decoding flags showed only under --helpfull. Starting translate
+  does not import matplotlib (plots.pyplot: it was a quarter of the start-up)."""
+  out = subprocess.run([sys.executable, "-X", "importtime", "-m", "transformer.translate",
+                        "--help"], cwd=ROOT, capture_output=True, text=True)
   listed = set(re.findall(r"^\s+--(\w+):", out.stdout + out.stderr, re.M))
   assert {"workdir", "checkpoint", "mode", "beam_size", "alpha", "max_extra_len",
           "tokens_per_batch", "chunk_lines", "compact", "refill", "input", "output",
           "temperature", "seed"} <= listed, out.stdout[-3000:]
+  imported = re.findall(r"^import time: .*\| +(\S+)$", out.stderr, re.M)
+  assert "jax" in imported and "matplotlib" not in imported
 
 
 def test_the_plot_is_of_the_first_non_empty_line_whatever_the_chunks(workdir, tmp_path,

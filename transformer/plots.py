@@ -15,14 +15,20 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
-import matplotlib
-
-matplotlib.use("Agg")  # Files only; no display needed.
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from transformer import attention, files, runtime
 from transformer.model import sinusoidal_table
+
+
+def pyplot():
+  """matplotlib.pyplot, drawing to files only (no display needed). Imported at
+  the first picture, not with this module: it is about a quarter of translate's
+  start-up, and translate draws only when --plot_attention asks."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
 
 
 def check_layer(layer: int, num_layers: int) -> None:
@@ -105,7 +111,7 @@ def figure_format(path, flag="--out") -> str:
   suffix = os.path.splitext(path)[1][1:].lower()
   if not suffix:
     return "png"
-  known = matplotlib.figure.Figure().canvas.get_supported_filetypes()
+  known = pyplot().Figure().canvas.get_supported_filetypes()  # Not kept by pyplot.
   if suffix not in known:
     raise ValueError(f"{flag} {path!r}: matplotlib writes no .{suffix} files; use one of "
                      f"{', '.join('.' + k for k in sorted(known))}")
@@ -121,7 +127,7 @@ def save_figure(fig, path):
     fig.savefig(image, format=figure_format(path), dpi=100, bbox_inches="tight")
     files.write_atomic(path, image.getvalue())
   finally:
-    plt.close(fig)
+    pyplot().close(fig)
 
 
 def plot_attention(weights_HxTxS, source_tokens, output_tokens, path, head="all",
@@ -143,7 +149,7 @@ def plot_attention(weights_HxTxS, source_tokens, output_tokens, path, head="all"
   cols = min(len(panels), 4)
   rows = -(-len(panels) // cols)
   size = (max(3.0, 0.35 * s + 1.5), max(2.5, 0.3 * t + 1.5))
-  fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows),
+  fig, axes = pyplot().subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows),
                            squeeze=False, layout="constrained")
   for i, (ax, (matrix, name)) in enumerate(zip(axes.flat, panels)):
     image = ax.imshow(matrix, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
@@ -175,7 +181,7 @@ def plot_positional_encoding(d_model, max_len, path):
                      f"{MAX_CELLS:,} an image can show; draw fewer positions")
   table = sinusoidal_table(max_len, d_model)
   # At most 100 inches (10,000 pixels) tall: an image's rows then hold several positions.
-  fig, ax = plt.subplots(figsize=(8, min(100.0, max(3.0, 8 * max_len / d_model))))
+  fig, ax = pyplot().subplots(figsize=(8, min(100.0, max(3.0, 8 * max_len / d_model))))
   image = ax.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto",
                     interpolation="nearest")
   ax.set_xlabel("dimension i (sin on even, cos on odd)")
