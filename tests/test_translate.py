@@ -440,6 +440,37 @@ def test_a_reader_that_leaves_ends_the_command_by_sigpipe_without_a_word(workdir
               or "Exception" in l], stderr
 
 
+def test_an_unbuffered_stdout_whose_reader_leaves_mid_write_is_a_broken_pipe():
+  """Under `python -u` (PYTHONUNBUFFERED=1) stdout's text layer handed a chunk of
+  translations larger than a pipe holds to one write of the descriptor, and
+  dropped what that write did not take: with the reader gone mid-write,
+  translate ended with status 0 and no error. Its bytes now go out until all
+  are taken, so the write after the reader left raises BrokenPipeError (a
+  SIGPIPE end, as above)."""
+  import io  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from transformer import files  # pylint: disable=g-import-not-at-top
+  read_fd, write_fd = os.pipe()
+  out = io.TextIOWrapper(io.FileIO(write_fd, "w"), encoding="utf-8", write_through=True)
+  assert isinstance(out.buffer, io.RawIOBase)  # As sys.stdout is under python -u.
+
+  def read_a_little_and_leave():
+    with open(read_fd, "rb", buffering=0) as reader:
+      reader.read(100)
+
+  reader = threading.Thread(target=read_a_little_and_leave)
+  reader.start()
+  try:
+    with pytest.raises(BrokenPipeError):
+      files.write_lines(out, ["I_WALK I_WALK I_JUMP"] * 100_000)  # 2 MB: far more than a pipe holds.
+  finally:
+    reader.join(timeout=30)
+    try:
+      out.close()
+    except BrokenPipeError:
+      pass
+
+
 def test_line_ends_in_cr_alone_are_refused_and_bad_bytes_warned_of(workdir, tmp_path, capsys):
   """CR line ends made the whole file one line (one output for three inputs),
   which the training data's reader refuses; bad UTF-8 bytes were replaced
