@@ -461,8 +461,8 @@ def test_an_unbuffered_stdout_whose_reader_leaves_mid_write_is_a_broken_pipe():
   reader = threading.Thread(target=read_a_little_and_leave)
   reader.start()
   try:
-    with pytest.raises(BrokenPipeError):
-      files.write_lines(out, ["I_WALK I_WALK I_JUMP"] * 100_000)  # 2 MB: far more than a pipe holds.
+    with pytest.raises(BrokenPipeError):  # 2 MB: far more than a pipe holds.
+      files.write_lines(out, ["I_WALK I_WALK I_JUMP"] * 100_000)
   finally:
     reader.join(timeout=30)
     try:
@@ -539,7 +539,7 @@ def test_arbitrary_unicode_gives_one_line_per_line_and_counts_the_overlong(resto
 def test_help_lists_the_decoding_flags_translate_shares_with_evaluate():
   """--help listed translate's own flags alone: --workdir, --mode, --checkpoint
   and the other decoding flags showed only under --helpfull. Starting translate
-  does not import matplotlib (plots.pyplot: it was a quarter of the start-up)."""
+  does not import matplotlib (plots.pyplot: a large part of the start-up)."""
   out = subprocess.run([sys.executable, "-X", "importtime", "-m", "transformer.translate",
                         "--help"], cwd=ROOT, capture_output=True, text=True)
   listed = set(re.findall(r"^\s+--(\w+):", out.stdout + out.stderr, re.M))

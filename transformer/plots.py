@@ -23,8 +23,9 @@ from transformer.model import sinusoidal_table
 
 def pyplot():
   """matplotlib.pyplot, drawing to files only (no display needed). Imported at
-  the first picture, not with this module: it is about a quarter of translate's
-  start-up, and translate draws only when --plot_attention asks."""
+  the first picture, not with this module: translate imports this module but
+  draws only when --plot_attention asks, and pyplot's import is a large part of
+  a command's start-up."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -150,7 +151,7 @@ def plot_attention(weights_HxTxS, source_tokens, output_tokens, path, head="all"
   rows = -(-len(panels) // cols)
   size = (max(3.0, 0.35 * s + 1.5), max(2.5, 0.3 * t + 1.5))
   fig, axes = pyplot().subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows),
-                           squeeze=False, layout="constrained")
+                                squeeze=False, layout="constrained")
   for i, (ax, (matrix, name)) in enumerate(zip(axes.flat, panels)):
     image = ax.imshow(matrix, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     ax.set_xticks(range(s), source_tokens, rotation=90, fontsize=8)
