@@ -306,11 +306,39 @@ def _end_reader_gone() -> None:
   """Ends as a C filter ends when its reader leaves: by SIGPIPE, with no message
   (a shell reports 141, and `set -o pipefail` sees it). stdout is pointed at
   /dev/null first, so the interpreter's last flush has nothing to complain of."""
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, sys.stdout.fileno())
+  _stdout_to_devnull()
   signal.signal(signal.SIGPIPE, signal.SIG_DFL)
   os.kill(os.getpid(), signal.SIGPIPE)
   sys.exit(141)  # Where the signal does not end the process.
+
+
+def _stdout_to_devnull() -> None:
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stdout.fileno())
+  os.close(devnull)
+
+
+def _flush_stdout() -> None:
+  """Flushes what stdout holds, naming it in a failure. A buffered stdout (`cmd >
+  FILE`) holds its last lines until the interpreter's exit, whose failing flush
+  (a full disk) prints `Exception ignored in: <_io.TextIOWrapper name='<stdout>'
+  ...>` and makes the status 120: flushed here, the failure is the command's
+  one line."""
+  try:
+    sys.stdout.flush()
+  except OSError as e:
+    raise OSError(e.errno, e.strerror, getattr(sys.stdout, "name", "<stdout>")) from e
+
+
+def _drop_what_stdout_cannot_write() -> None:
+  """Where stdout still holds bytes it cannot write, points it at /dev/null: the
+  interpreter's flush at exit would fail again, add its note after the
+  command's line and make the exit status 120."""
+  try:
+    sys.stdout.flush()
+  except (OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError):
+      _stdout_to_devnull()
 
 
 def raise_lost_interrupt() -> None:
@@ -332,16 +360,20 @@ def one_line_errors(command: str, extra=()):
   SIGINT, as Python's own handling ends it: a shell reports status 130, and a
   shell script or loop running the command stops too. A write to a stdout whose
   reader has gone (`translate | head`) ends the process by SIGPIPE, silently,
-  as a C filter ends. What the command wrote is kept as it left it."""
+  as a C filter ends; stdout is flushed at the block's end, so that a write
+  that fails there (a full disk) is one line too. What the command wrote is
+  kept as it left it."""
   from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   catch_interrupts()
   try:
     yield
     raise_lost_interrupt()  # Swallowed where it was raised: the command still ends by it.
+    _flush_stdout()  # Its last lines' failure is the command's too.
   except ONE_LINE_ERRORS + tuple(extra) as e:
     absl_logging.debug("%s stopped on", command, exc_info=True)
     if isinstance(e, BrokenPipeError) and _stdout_reader_gone():
       _end_reader_gone()
+    _drop_what_stdout_cannot_write()
     sys.exit(f"{command}: error: {e}")
   except KeyboardInterrupt:
     absl_logging.debug("%s interrupted", command, exc_info=True)
