@@ -143,24 +143,30 @@ def test_a_sigterm_in_evaluate_is_one_line(tmp_path):
                    "would replace are kept); rerun the same command")
 
 
-@pytest.mark.parametrize("size,where", [(100, "<stdout>"), (100_000, None)])
-def test_a_full_disk_under_stdout_is_one_line_and_status_1(size, where):
+def _printing(size):
+  return ["-c", "from transformer import runtime\n"
+                "with runtime.one_line_errors('cmd'):\n"
+                f"  print('x' * {size})\n"]
+
+
+@pytest.mark.parametrize("argv,line", [
+    (_printing(100), "cmd: error: [Errno 28] No space left on device: '<stdout>'"),
+    (_printing(100_000), "cmd: error: [Errno 28] No space left on device"),
+    (["-m", "transformer.sweep", "--sweep", "configs/sweeps/table3_cpu.py", "--emit",
+      "commands"], "sweep: error: [Errno 28] No space left on device: '<stdout>'"),
+])
+def test_a_full_disk_under_stdout_is_one_line_and_status_1(argv, line):
   """`cmd > FILE` on a full disk (/dev/full): a buffered stdout wrote its last
   lines only at the interpreter's exit, which printed `Exception ignored in:
-  <_io.TextIOWrapper name='<stdout>' ...>` and made the status 120. Now the
-  block's end flushes them: one line naming stdout, status 1, and nothing left
-  for the exit to fail on. A text larger than the buffer fails inside the
-  command, as before: its one line, status 1."""
-  script = ("from transformer import runtime\n"
-            "with runtime.one_line_errors('cmd'):\n"
-            f"  print('x' * {size})\n")
+  <_io.TextIOWrapper name='<stdout>' ...>` and made the status 120 (sweep
+  --emit too). Now the block's end flushes them: one line naming stdout,
+  status 1, and nothing left for the exit to fail on. A text larger than the
+  buffer fails inside the command, as before: its one line, status 1."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # Buffered.
   with open("/dev/full", "w") as full:  # Linux's: every write fails with ENOSPC.
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, stdout=full,
-                         stderr=subprocess.PIPE, text=True, env=env, timeout=60)
-  named = f": {where!r}" if where else ""
-  assert (out.returncode, out.stderr) == (
-      1, f"cmd: error: [Errno 28] No space left on device{named}\n"), out.stderr
+    out = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=full,
+                         stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+  assert (out.returncode, out.stderr) == (1, line + "\n"), out.stderr
 
 
 def _swallowed_ctrl_c(command, rest):

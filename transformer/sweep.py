@@ -408,25 +408,9 @@ def main(argv):
     for name, earlier in twins(sweep).items():
       print(f"sweep: warning: {name} resolves to the same config as {earlier}: it trains "
             "the same model again", file=sys.stderr)
-  if f.list:
-    print(describe(sweep))
-  elif f.emit == "commands":
-    print("\n".join(commands(sweep, workdir)))
-  elif f.emit == "slurm":
-    try:
-      os.makedirs(workdir, exist_ok=True)  # SLURM writes the tasks' output there.
-    except OSError as e:
-      sys.exit(f"sweep: error: --workdir {workdir}: {e}")
-    print(slurm_script(sweep, workdir, os.path.basename(workdir)), end="")
-  elif f.collect:
-    try:
-      statuses = results.read_statuses(workdir)  # Once: a damaged one is named once.
-      print(results.collect(as_run(sweep, workdir, statuses) if not f.set else sweep, workdir,
-                            f.checkpoint, statuses), end="")
-    except (OSError, ValueError) as e:
-      sys.exit(f"sweep: error: {e}")
-    print(f"wrote {' and '.join(os.path.join(workdir, n) for n in results.TABLE_FILES)}",
-          file=sys.stderr)
+  if f.list or f.emit or f.collect:
+    with runtime.one_line_errors("sweep"):  # A full disk under stdout, say: one line.
+      _print(f, sweep, workdir)
   else:
     signals = sweep_run.ForwardedSignals()
     done = sweep_run.run_local(sweep, workdir, signals=signals)
@@ -439,6 +423,26 @@ def main(argv):
       sys.exit(128 + signals.received)
     if {"failed", "stale"} & set(done.values()):
       sys.exit(1)
+
+
+def _print(f, sweep, workdir) -> None:
+  """What --list, --emit and --collect print."""
+  if f.list:
+    print(describe(sweep))
+  elif f.emit == "commands":
+    print("\n".join(commands(sweep, workdir)))
+  elif f.emit == "slurm":
+    try:
+      os.makedirs(workdir, exist_ok=True)  # SLURM writes the tasks' output there.
+    except OSError as e:
+      sys.exit(f"sweep: error: --workdir {workdir}: {e}")
+    print(slurm_script(sweep, workdir, os.path.basename(workdir)), end="")
+  else:  # Its OSError or ValueError is one_line_errors' line.
+    statuses = results.read_statuses(workdir)  # Once: a damaged one is named once.
+    print(results.collect(as_run(sweep, workdir, statuses) if not f.set else sweep, workdir,
+                          f.checkpoint, statuses), end="")
+    print(f"wrote {' and '.join(os.path.join(workdir, n) for n in results.TABLE_FILES)}",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":
