@@ -169,6 +169,16 @@ def test_a_full_disk_under_stdout_is_one_line_and_status_1(argv, line):
   assert (out.returncode, out.stderr) == (1, line + "\n"), out.stderr
 
 
+def test_summary_with_stdout_closed_prints_nothing_and_raises_nothing():
+  """one_line_errors' flush at the block's end meets Python's sys.stdout of None
+  where descriptor 1 is closed (`>&-`): print writes nothing there, and neither
+  does the flush."""
+  out = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", sys.executable, "-m",
+                        "transformer.summary", "--config", "configs/default.py"],
+                       cwd=ROOT, stderr=subprocess.PIPE, text=True, timeout=120)
+  assert (out.returncode, out.stderr) == (0, ""), out.stderr
+
+
 def _swallowed_ctrl_c(command, rest):
   """Runs `rest` in `command`'s one_line_errors block after a __del__ swallowed
   a SIGINT's KeyboardInterrupt, as JAX's garbage-collection callback does."""

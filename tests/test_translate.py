@@ -440,6 +440,30 @@ def test_a_reader_that_leaves_ends_the_command_by_sigpipe_without_a_word(workdir
               or "Exception" in l], stderr
 
 
+@pytest.mark.parametrize("closed,status", [(">&-", 1), ("2>&-", 0)])
+def test_a_closed_stdout_is_named_and_a_closed_stderr_changes_nothing(workdir, tmp_path,
+                                                                     closed, status):
+  """Started with stdout closed (`>&-`; Python's sys.stdout is then None), every
+  command that restarts itself for the allocator stopped with an AttributeError's
+  traceback; so did one with stderr closed (`2>&-`), in the restart's note.
+  translate now names a closed stdout as a bad --output, and with stderr closed
+  translates as usual."""
+  src = tmp_path / "in.txt"
+  src.write_text("walk twice\n")
+  out = subprocess.run(
+      ["bash", "-c", f'exec "$@" {closed}', "bash", sys.executable, "-m",
+       "transformer.translate", "--workdir", workdir, "--mode", "greedy", "--input", str(src)],
+      cwd=ROOT, capture_output=True, text=True, timeout=240,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert out.returncode == status, out.stderr[-3000:]
+  if closed == ">&-":
+    assert out.stderr.splitlines()[-1] == (
+        "translate: error: --output -: stdout is closed; give a file as --output")
+    assert "Traceback" not in out.stderr
+  else:
+    assert len(out.stdout.splitlines()) == 1 and out.stdout.strip()
+
+
 def test_an_unbuffered_stdout_whose_reader_leaves_mid_write_is_a_broken_pipe():
   """Under `python -u` (PYTHONUNBUFFERED=1) stdout's text layer handed a chunk of
   translations larger than a pipe holds to one write of the descriptor, and

@@ -132,6 +132,8 @@ def use_fast_malloc() -> None:
   programs' buffers, and elsewhere the restart would only cost its time."""
   restarted = os.environ.get(RESTARTED_ENV)
   if restarted:
+    if sys.stderr is None:  # Started with descriptor 2 closed (`2>&-`).
+      return
     sys.stderr.write(f"[transformer] restarted once with {restarted} (a faster allocator "
                      "for XLA on a CPU; TRANSFORMER_DEFAULT_MALLOC=1 turns this off)\n")
     return
@@ -146,8 +148,9 @@ def use_fast_malloc() -> None:
   env[RESTARTED_ENV] = " ".join(
       filter(None, [f"LD_PRELOAD={env['LD_PRELOAD']}" if "LD_PRELOAD" in env else "",
                     f"GLIBC_TUNABLES={env['GLIBC_TUNABLES']}"]))
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for stream in (sys.stdout, sys.stderr):
+    if stream is not None:  # None: started with its descriptor closed (`>&-`).
+      stream.flush()
   os.execve(sys.executable, sys.orig_argv, env)
 
 
@@ -323,7 +326,10 @@ def _flush_stdout() -> None:
   FILE`) holds its last lines until the interpreter's exit, whose failing flush
   (a full disk) prints `Exception ignored in: <_io.TextIOWrapper name='<stdout>'
   ...>` and makes the status 120: flushed here, the failure is the command's
-  one line."""
+  one line. Nothing where stdout is closed (`>&-`: Python's sys.stdout is None
+  and print writes nothing)."""
+  if sys.stdout is None:
+    return
   try:
     sys.stdout.flush()
   except OSError as e:
@@ -335,7 +341,8 @@ def _drop_what_stdout_cannot_write() -> None:
   interpreter's flush at exit would fail again, add its note after the
   command's line and make the exit status 120."""
   try:
-    sys.stdout.flush()
+    if sys.stdout is not None:
+      sys.stdout.flush()
   except (OSError, ValueError):
     with contextlib.suppress(OSError, ValueError):
       _stdout_to_devnull()

@@ -178,6 +178,8 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
   if input_path == "-" and sys.stdin is None:  # Python's stdin where descriptor 0 is closed.
     raise ValueError("--input -: stdin is closed; give the sentences on stdin or a file as "
                      "--input")
+  if output_path == "-" and sys.stdout is None:  # Descriptor 1 closed (`>&-`).
+    raise ValueError("--output -: stdout is closed; give a file as --output")
   if input_path == "-" and jax.process_count() > 1:
     raise ValueError("--input -: every process of a multi-process job reads the input, and a "
                      "scheduler gives stdin to process 0 alone; give a file they all can read")
