@@ -179,6 +179,28 @@ def test_summary_with_stdout_closed_prints_nothing_and_raises_nothing():
   assert (out.returncode, out.stderr) == (0, ""), out.stderr
 
 
+@pytest.mark.parametrize("fd,name", [(0, "stdin"), (1, "stdout"), (2, "stderr")])
+def test_a_standard_descriptor_started_closed_is_opened_on_devnull_first(fd, name, tmp_path):
+  """Started with descriptor 0, 1 or 2 closed, a command's first pipe (sigterm's
+  watch) took that number, so a library's write to stdout or stderr reached the
+  watcher as signal numbers, and Python's stream was None (a write to
+  sys.stderr raised AttributeError). The watch opens /dev/null there first,
+  and closed_at_start remembers the stream was closed."""
+  report = tmp_path / "report.json"
+  script = ("import json, os, sys\n"
+            "from transformer import runtime, sigterm\n"
+            "sigterm.watch('cmd', '')\n"
+            f"stream = sys.{name}\n"
+            "with open(sys.argv[1], 'w') as f:\n"
+            f"  json.dump([os.readlink('/proc/self/fd/{fd}'), stream is not None,\n"
+            f"             runtime.closed_at_start({name!r})], f)\n")
+  out = subprocess.run(["bash", "-c", f'exec "$@" {fd}>&-', "bash", sys.executable, "-c",
+                        script, str(report)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+  assert out.returncode == 0, out.stderr
+  assert json.loads(report.read_text()) == [os.devnull, True, True]
+
+
 def _swallowed_ctrl_c(command, rest):
   """Runs `rest` in `command`'s one_line_errors block after a __del__ swallowed
   a SIGINT's KeyboardInterrupt, as JAX's garbage-collection callback does."""

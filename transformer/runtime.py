@@ -263,6 +263,40 @@ def catch_interrupts() -> None:
     signal.signal(signal.SIGINT, _interrupt)
 
 
+# The standard streams a command was started without: `<&-`, `>&-` or `2>&-`.
+_CLOSED_AT_START = set()
+
+
+def open_closed_standard_streams() -> None:
+  """Opens /dev/null on each of descriptors 0-2 that the command was started
+  without (Python's sys.stdin, sys.stdout or sys.stderr is then None), with the
+  Python stream on it. Otherwise the next file or pipe the command opens takes
+  the free number, and whatever a library writes to stdout or stderr lands in
+  it (in sigterm's pipe, as signal numbers); and writing to sys.stderr fails
+  (train's stop line, the sweep's echo of its training). Called first in each
+  command (sigterm.watch, run); closed_at_start still says which were closed."""
+  for fd, name in enumerate(("stdin", "stdout", "stderr")):
+    if getattr(sys, name) is not None:
+      continue
+    try:
+      os.fstat(fd)
+      continue  # Taken since Python started; not ours to replace.
+    except OSError:
+      pass
+    null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+    if null != fd:  # The lowest free number: fd itself unless a lower one is free.
+      os.dup2(null, fd)
+      os.close(null)
+    setattr(sys, name, open(fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False))  # pylint: disable=consider-using-with
+    _CLOSED_AT_START.add(name)
+
+
+def closed_at_start(name: str) -> bool:
+  """Whether the standard stream `name` ('stdin', 'stdout') was closed when the
+  command started (open_closed_standard_streams), or is closed in Python now."""
+  return getattr(sys, name) is None or name in _CLOSED_AT_START
+
+
 def end_at_interrupt(command: str) -> None:
   """Until one_line_errors takes over (catch_interrupts): a Ctrl-C ends `command`
   at once, with `{command}: interrupted`, as one_line_errors ends it. Set first
@@ -436,6 +470,7 @@ def run(main, command: str) -> None:
   (absl's own parser adds a usage hint on a second), and so is main's
   app.UsageError (a stray argument), where absl prints the whole usage."""
   from absl import app  # pylint: disable=g-import-not-at-top
+  open_closed_standard_streams()
 
   def one_line_usage(argv):
     try:

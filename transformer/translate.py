@@ -175,10 +175,10 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
   and --plot_attention, through symlinks."""
   if input_path != "-" and not os.path.exists(input_path):
     raise FileNotFoundError(f"input {input_path!r} does not exist")
-  if input_path == "-" and sys.stdin is None:  # Python's stdin where descriptor 0 is closed.
+  if input_path == "-" and runtime.closed_at_start("stdin"):  # `<&-`
     raise ValueError("--input -: stdin is closed; give the sentences on stdin or a file as "
                      "--input")
-  if output_path == "-" and sys.stdout is None:  # Descriptor 1 closed (`>&-`).
+  if output_path == "-" and runtime.closed_at_start("stdout"):  # `>&-`
     raise ValueError("--output -: stdout is closed; give a file as --output")
   if input_path == "-" and jax.process_count() > 1:
     raise ValueError("--input -: every process of a multi-process job reads the input, and a "
