@@ -170,9 +170,10 @@ def test_a_full_disk_under_stdout_is_one_line_and_status_1(argv, line):
 
 
 def test_summary_with_stdout_closed_prints_nothing_and_raises_nothing():
-  """one_line_errors' flush at the block's end meets Python's sys.stdout of None
-  where descriptor 1 is closed (`>&-`): print writes nothing there, and neither
-  does the flush."""
+  """Started with descriptor 1 closed (`>&-`), summary's stdout was Python's
+  None, on which one_line_errors' flush at the block's end raised
+  AttributeError. runtime.run now opens /dev/null there first: the table goes
+  nowhere, and the command ends as usual."""
   out = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", sys.executable, "-m",
                         "transformer.summary", "--config", "configs/default.py"],
                        cwd=ROOT, stderr=subprocess.PIPE, text=True, timeout=120)
