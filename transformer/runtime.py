@@ -283,10 +283,7 @@ def open_closed_standard_streams() -> None:
       continue  # Taken since Python started; not ours to replace.
     except OSError:
       pass
-    null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
-    if null != fd:  # The lowest free number: fd itself unless a lower one is free.
-      os.dup2(null, fd)
-      os.close(null)
+    _devnull_onto(fd, os.O_RDONLY if fd == 0 else os.O_WRONLY)
     setattr(sys, name, open(fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False))  # pylint: disable=consider-using-with
     _CLOSED_AT_START.add(name)
 
@@ -349,10 +346,16 @@ def _end_reader_gone() -> None:
   sys.exit(141)  # Where the signal does not end the process.
 
 
+def _devnull_onto(fd: int, flags: int) -> None:
+  """/dev/null opened (with `flags`) as descriptor `fd`, whether open or closed."""
+  null = os.open(os.devnull, flags)
+  if null != fd:  # Opened as fd itself where fd was the lowest free number.
+    os.dup2(null, fd)
+    os.close(null)
+
+
 def _stdout_to_devnull() -> None:
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, sys.stdout.fileno())
-  os.close(devnull)
+  _devnull_onto(sys.stdout.fileno(), os.O_WRONLY)
 
 
 def _flush_stdout() -> None:
