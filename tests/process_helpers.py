@@ -31,6 +31,12 @@ def command_env(**extra):
           **extra}
 
 
+def closed_descriptor(redirect, *argv):
+  """The command line of `python argv...` started with a standard descriptor
+  closed, as a shell closes it: `redirect` is '<&-', '>&-' or '2>&-'."""
+  return ["bash", "-c", f'exec "$@" {redirect}', "bash", sys.executable, *argv]
+
+
 def start(argv, log_path, env=None):
   """Popen of `python argv...` in the repository root, stdout and stderr appended
   to `log_path` (read while it runs with `wait_for`)."""

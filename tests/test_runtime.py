@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests import process_helpers
 from transformer import runtime
 
 SCRIPT = ("import json, os, sys; from transformer import runtime; runtime.use_fast_malloc(); "
@@ -174,9 +175,9 @@ def test_summary_with_stdout_closed_prints_nothing_and_raises_nothing():
   None, on which one_line_errors' flush at the block's end raised
   AttributeError. runtime.run now opens /dev/null there first: the table goes
   nowhere, and the command ends as usual."""
-  out = subprocess.run(["bash", "-c", 'exec "$@" >&-', "bash", sys.executable, "-m",
-                        "transformer.summary", "--config", "configs/default.py"],
-                       cwd=ROOT, stderr=subprocess.PIPE, text=True, timeout=120)
+  command = process_helpers.closed_descriptor(">&-", "-m", "transformer.summary", "--config",
+                                              "configs/default.py")
+  out = subprocess.run(command, cwd=ROOT, stderr=subprocess.PIPE, text=True, timeout=120)
   assert (out.returncode, out.stderr) == (0, ""), out.stderr
 
 
@@ -195,9 +196,8 @@ def test_a_standard_descriptor_started_closed_is_opened_on_devnull_first(fd, nam
             "with open(sys.argv[1], 'w') as f:\n"
             f"  json.dump([os.readlink('/proc/self/fd/{fd}'), stream is not None,\n"
             f"             runtime.closed_at_start({name!r})], f)\n")
-  out = subprocess.run(["bash", "-c", f'exec "$@" {fd}>&-', "bash", sys.executable, "-c",
-                        script, str(report)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+  command = process_helpers.closed_descriptor(f"{fd}>&-", "-c", script, str(report))
+  out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert out.returncode == 0, out.stderr
   assert json.loads(report.read_text()) == [os.devnull, True, True]
 
@@ -403,7 +403,6 @@ CPP_INFO_LINE = re.compile(r"^I\d{4} [\d:.]+\s+\d+ [\w/.-]+\.cc:\d+\]", re.M)
 def command_without_tensorflow_settings(args, timeout=180):
   """A command run as a user runs it, without TF_CPP_MIN_LOG_LEVEL (which the
   tests set) or TF_ENABLE_ONEDNN_OPTS in its environment."""
-  from tests import process_helpers  # pylint: disable=g-import-not-at-top
   env = {k: v for k, v in process_helpers.command_env().items()
          if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
   return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import numpy as np
 import pytest
 
+from tests import process_helpers
 from tests.workdirs import Stopped, rnn_workdir, stop_at, trained_workdir
 from tests.test_plots import assert_png
 from transformer import decode, inference, plots, translate
@@ -451,8 +452,8 @@ def test_a_closed_stdout_is_named_and_a_closed_stderr_changes_nothing(workdir, t
   src = tmp_path / "in.txt"
   src.write_text("walk twice\n")
   out = subprocess.run(
-      ["bash", "-c", f'exec "$@" {closed}', "bash", sys.executable, "-m",
-       "transformer.translate", "--workdir", workdir, "--mode", "greedy", "--input", str(src)],
+      process_helpers.closed_descriptor(closed, "-m", "transformer.translate", "--workdir",
+                                        workdir, "--mode", "greedy", "--input", str(src)),
       cwd=ROOT, capture_output=True, text=True, timeout=240,
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert out.returncode == status, out.stderr[-3000:]
@@ -471,7 +472,6 @@ def test_an_unbuffered_stdout_whose_reader_leaves_mid_write_is_a_broken_pipe():
   translate ended with status 0 and no error. Its bytes now go out until all
   are taken, so the write after the reader left raises BrokenPipeError (a
   SIGPIPE end, as above)."""
-  import io  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   from transformer import files  # pylint: disable=g-import-not-at-top
   read_fd, write_fd = os.pipe()
