@@ -190,12 +190,12 @@ def test_a_standard_descriptor_started_closed_is_opened_on_devnull_first(fd, nam
   and closed_at_start remembers the stream was closed."""
   report = tmp_path / "report.json"
   script = ("import json, os, sys\n"
-            "from transformer import runtime, sigterm\n"
+            "from transformer import sigterm, streams\n"
             "sigterm.watch('cmd', '')\n"
             f"stream = sys.{name}\n"
             "with open(sys.argv[1], 'w') as f:\n"
             f"  json.dump([os.readlink('/proc/self/fd/{fd}'), stream is not None,\n"
-            f"             runtime.closed_at_start({name!r})], f)\n")
+            f"             streams.closed_at_start({name!r})], f)\n")
   command = process_helpers.closed_descriptor(f"{fd}>&-", "-c", script, str(report))
   out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
   assert out.returncode == 0, out.stderr

@@ -30,7 +30,7 @@ import os
 import signal
 import threading
 
-from transformer import runtime
+from transformer import streams
 
 # train's outcome (train.py and the fault tests' copy of it).
 BEFORE_TRAINING = (" during start-up, before training began: nothing to save; "
@@ -47,7 +47,7 @@ def watch(command: str, outcome: str) -> None:
   `stopped by SIGTERM` and says what the stop leaves. Only in the main thread,
   and only where SIGTERM has its default action: a command started with SIGTERM
   ignored keeps ignoring it."""
-  runtime.open_closed_standard_streams()  # Or the pipe could take their numbers.
+  streams.open_closed()  # Or the pipe could take their numbers.
   if (_state or threading.current_thread() is not threading.main_thread()
       or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
     return

@@ -41,7 +41,7 @@ from absl import logging
 import jax
 import numpy as np
 
-from transformer import decode, distributed, evaluate, files, inference, plots, runtime
+from transformer import decode, distributed, evaluate, files, inference, plots, runtime, streams
 from transformer import workdir as workdir_lib
 from transformer.config import DECODE_MODES
 from transformer.data import parallel_text
@@ -175,10 +175,10 @@ def check_paths(input_path: str, output_path: str, plot_attention=None) -> None:
   and --plot_attention, through symlinks."""
   if input_path != "-" and not os.path.exists(input_path):
     raise FileNotFoundError(f"input {input_path!r} does not exist")
-  if input_path == "-" and runtime.closed_at_start("stdin"):  # `<&-`
+  if input_path == "-" and streams.closed_at_start("stdin"):  # `<&-`
     raise ValueError("--input -: stdin is closed; give the sentences on stdin or a file as "
                      "--input")
-  if output_path == "-" and runtime.closed_at_start("stdout"):  # `>&-`
+  if output_path == "-" and streams.closed_at_start("stdout"):  # `>&-`
     raise ValueError("--output -: stdout is closed; give a file as --output")
   if input_path == "-" and jax.process_count() > 1:
     raise ValueError("--input -: every process of a multi-process job reads the input, and a "
