@@ -11,12 +11,14 @@ It streams: the input is read and translated --chunk_lines lines at a time
 (sorted by length within the chunk, the outputs put back in input order), each
 chunk's translations written and flushed before the next chunk is read, so
 memory stays bounded however long the input, and a killed run keeps what it
-wrote (an --output file then holds the translations of the first chunks, one
-line each). An empty line gives an empty line; a line longer than the model's
+wrote (a regular --output file's translations so far are in OUTPUT.partial,
+renamed to OUTPUT once complete; a symlink, device or pipe is written
+directly). An empty line gives an empty line; a line longer than the model's
 source limit (min(model.max_len, data.max_length) tokens with EOS) is
 truncated to it: the first 10 such lines are named in a warning each on stderr,
-and a last warning counts them all; unknown characters become the UNK token, and
-so do bad UTF-8 bytes, with warnings as for over-long lines. Lines end in LF or
+and a last warning counts them all; unknown characters become byte pieces (the
+UNK token in a word vocabulary), and bad UTF-8 bytes are read as U+FFFD, an
+unknown character, with warnings as for over-long lines. Lines end in LF or
 CRLF; CR alone (old Mac line ends) is refused, as in the training data.
 --plot_attention draws the encoder-decoder attention of the first non-empty
 line (plots.py).
@@ -58,7 +60,7 @@ def source_limit(config):
 def iter_lines(path, bad_bytes=None):
   """The lines of a file or of stdin ('-'), one at a time as they arrive,
   without line ends (LF or CRLF; CR alone is an error, as in the training data).
-  Bad UTF-8 bytes become U+FFFD (then UNK) instead of stopping the run, each
+  Bad UTF-8 bytes become U+FFFD (an unknown character) instead of stopping the run, each
   such line counted in `bad_bytes` (a LineWarnings). Lines end at "\n" only
   (not at U+2028 and friends, as str.splitlines() would), so the line count is
   the file's. A byte-order mark before the first line is dropped, as the

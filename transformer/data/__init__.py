@@ -3,7 +3,8 @@
 Entry point for the trainer:
 
   data = get_train_and_eval(config.data, workdir=..., seed=..., batch_multiple=
-                            jax.device_count(), shard_index=jax.process_index(),
+                            data-axis devices * config.train.grad_accum_steps,
+                            shard_index=jax.process_index(),
                             shard_count=jax.process_count())
   data.tokenizer        # Tokenizer (PAD_ID=0, UNK_ID=1, BOS_ID=2, EOS_ID=3)
   data.train_batches    # infinite iterator of dicts; get_state()/set_state(dict)
