@@ -170,6 +170,27 @@ def test_a_full_disk_under_stdout_is_one_line_and_status_1(argv, line):
   assert (out.returncode, out.stderr) == (1, line + "\n"), out.stderr
 
 
+def test_an_unbuffered_stdout_writes_a_text_whole_or_ends_by_sigpipe():
+  """Under `python -u` (PYTHONUNBUFFERED=1, which containers often set) a text
+  printed without a line end after it (sweep's `--collect` table, its `--emit
+  slurm` script) went to one write of the descriptor, which dropped what it did
+  not take: with the reader gone mid-write, the output was cut short and the
+  status 0. A command's stdout now writes whole texts (streams.whole_writes,
+  set up by runtime.run), so the reader's leaving ends it by SIGPIPE, as a
+  filter ends."""
+  code = ("from transformer import runtime\n"
+          "def main(argv):\n"
+          "  with runtime.one_line_errors('cmd'):\n"
+          "    print('x' * 2_000_000, end='')\n"
+          "runtime.run(main, 'cmd')\n")
+  process = subprocess.Popen([sys.executable, "-u", "-c", code], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  process.stdout.read(100)
+  process.stdout.close()  # Gone mid-write: 2 MB is far more than a pipe holds.
+  err = process.stderr.read()
+  assert (process.wait(timeout=60), err) == (-signal.SIGPIPE, b""), err
+
+
 def test_summary_with_stdout_closed_prints_nothing_and_raises_nothing():
   """Started with descriptor 1 closed (`>&-`), summary's stdout was Python's
   None, on which one_line_errors' flush at the block's end raised

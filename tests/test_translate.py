@@ -465,18 +465,21 @@ def test_a_closed_stdout_is_named_and_a_closed_stderr_changes_nothing(workdir, t
     assert len(out.stdout.splitlines()) == 1 and out.stdout.strip()
 
 
-def test_an_unbuffered_stdout_whose_reader_leaves_mid_write_is_a_broken_pipe():
+def test_an_unbuffered_stdout_whose_reader_leaves_mid_write_is_a_broken_pipe(monkeypatch):
   """Under `python -u` (PYTHONUNBUFFERED=1) stdout's text layer handed a chunk of
   translations larger than a pipe holds to one write of the descriptor, and
   dropped what that write did not take: with the reader gone mid-write,
-  translate ended with status 0 and no error. Its bytes now go out until all
-  are taken, so the write after the reader left raises BrokenPipeError (a
-  SIGPIPE end, as above)."""
+  translate ended with status 0 and no error. With stdout set up as every
+  command sets it up (streams.whole_writes), the write after the reader left
+  raises BrokenPipeError (a SIGPIPE end, as above)."""
   import threading  # pylint: disable=g-import-not-at-top
-  from transformer import files  # pylint: disable=g-import-not-at-top
+  from transformer import files, streams  # pylint: disable=g-import-not-at-top
   read_fd, write_fd = os.pipe()
   out = io.TextIOWrapper(io.FileIO(write_fd, "w"), encoding="utf-8", write_through=True)
   assert isinstance(out.buffer, io.RawIOBase)  # As sys.stdout is under python -u.
+  monkeypatch.setattr(sys, "stdout", out)
+  streams.whole_writes()
+  assert sys.stdout is not out
 
   def read_a_little_and_leave():
     with open(read_fd, "rb", buffering=0) as reader:
@@ -486,13 +489,14 @@ def test_an_unbuffered_stdout_whose_reader_leaves_mid_write_is_a_broken_pipe():
   reader.start()
   try:
     with pytest.raises(BrokenPipeError):  # 2 MB: far more than a pipe holds.
-      files.write_lines(out, ["I_WALK I_WALK I_JUMP"] * 100_000)
+      files.write_lines(sys.stdout, ["I_WALK I_WALK I_JUMP"] * 100_000)
   finally:
     reader.join(timeout=30)
-    try:
-      out.close()
-    except BrokenPipeError:
-      pass
+    for stream in (sys.stdout, out):
+      try:
+        stream.close()
+      except BrokenPipeError:
+        pass
 
 
 def test_line_ends_in_cr_alone_are_refused_and_bad_bytes_warned_of(workdir, tmp_path, capsys):

@@ -2,9 +2,7 @@
 the same directory, renamed over the target only once it is complete."""
 
 import contextlib
-import errno
 import fcntl
-import io
 import json
 import os
 import re
@@ -119,27 +117,10 @@ def write_atomic(path, data) -> None:
 
 def write_lines(out, lines) -> None:
   """Writes `lines` to the open text file `out`, one a line, and flushes them (a
-  killed run keeps every line written); a full disk names the file.
-
-  Unbuffered text (stdout under `python -u` or PYTHONUNBUFFERED=1, which
-  containers often set) hands a large text to a single write of the file
-  descriptor and drops whatever that write did not take: a pipe whose reader
-  left, or a full disk, cut the output short with no error. Its bytes are
-  written here until all are taken, so those end in an error as a buffered
-  file's do."""
-  text = "".join(line + "\n" for line in lines)
-  raw = getattr(out, "buffer", None)
+  killed run keeps every line written); a full disk names the file. (An
+  unbuffered stdout is made to write whole texts first: streams.whole_writes.)"""
   with naming(getattr(out, "name", out)):
-    if not isinstance(raw, io.RawIOBase):
-      out.write(text)
-    else:
-      out.flush()
-      data = memoryview(text.encode(out.encoding, out.errors))
-      while data:
-        written = raw.write(data)
-        if written is None:  # A non-blocking descriptor, full, as a buffered write raises.
-          raise BlockingIOError(errno.EAGAIN, "the output does not take more now")
-        data = data[written:]
+    out.write("".join(line + "\n" for line in lines))
     out.flush()
 
 

@@ -382,7 +382,7 @@ def run(main, command: str) -> None:
   (absl's own parser adds a usage hint on a second), and so is main's
   app.UsageError (a stray argument), where absl prints the whole usage."""
   from absl import app  # pylint: disable=g-import-not-at-top
-  streams.open_closed()
+  streams.set_up()
 
   def one_line_usage(argv):
     try:

@@ -47,7 +47,7 @@ def watch(command: str, outcome: str) -> None:
   `stopped by SIGTERM` and says what the stop leaves. Only in the main thread,
   and only where SIGTERM has its default action: a command started with SIGTERM
   ignored keeps ignoring it."""
-  streams.open_closed()  # Or the pipe could take their numbers.
+  streams.set_up()  # Before the pipe, which could take a closed one's number.
   if (_state or threading.current_thread() is not threading.main_thread()
       or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
     return

@@ -1,16 +1,25 @@
 """A command's standard streams: descriptors it was started without are opened on
-/dev/null, stdout's last lines are flushed where a failure is still the
-command's to report, and a stdout whose reader has gone ends the command as it
-ends a C filter. runtime.one_line_errors and sigterm.watch use them.
+/dev/null, an unbuffered stdout writes each text whole, stdout's last lines are
+flushed where a failure is still the command's to report, and a stdout whose
+reader has gone ends the command as it ends a C filter. set_up() runs first in
+each command (sigterm.watch, runtime.run); runtime.one_line_errors uses the rest.
 """
 
 import contextlib
+import io
 import os
 import signal
 import sys
 
 # The standard streams a command was started without: `<&-`, `>&-` or `2>&-`.
 _CLOSED_AT_START = set()
+
+
+def set_up() -> None:
+  """open_closed(), then whole_writes(): what every command needs of its streams
+  before it opens a file or writes a line. Calling it again changes nothing."""
+  open_closed()
+  whole_writes()
 
 
 def open_closed() -> None:
@@ -20,7 +29,7 @@ def open_closed() -> None:
   the free number, and whatever a library writes to stdout or stderr lands in
   it (in sigterm's pipe, as signal numbers); and writing to sys.stderr fails
   (train's stop line, the sweep's echo of its training). Called first in each
-  command (sigterm.watch, run); closed_at_start still says which were closed."""
+  command (set_up); closed_at_start still says which were closed."""
   for fd, name in enumerate(("stdin", "stdout", "stderr")):
     if getattr(sys, name) is not None:
       continue
@@ -32,6 +41,24 @@ def open_closed() -> None:
     _devnull_onto(fd, os.O_RDONLY if fd == 0 else os.O_WRONLY)
     setattr(sys, name, open(fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False))  # pylint: disable=consider-using-with
     _CLOSED_AT_START.add(name)
+
+
+def whole_writes() -> None:
+  """Where stdout is unbuffered (`python -u`, or PYTHONUNBUFFERED=1, which
+  containers often set), Python's text layer hands each text to a single
+  write(2) of the descriptor and drops whatever that call did not take: a pipe
+  whose reader left mid-write (`translate | head`), or a disk that filled, cut
+  the output short with no error and status 0. stdout is then put on a buffered
+  writer of the same descriptor, which writes until all is taken or fails, and
+  flushed at each line end, so lines still appear as they are printed."""
+  out = sys.stdout
+  if out is None or not isinstance(getattr(out, "buffer", None), io.RawIOBase):
+    return
+  out.flush()
+  raw = io.FileIO(out.fileno(), "w", closefd=False)  # Its own: closing it leaves out's.
+  raw.name = out.buffer.name  # '<stdout>', which messages name.
+  sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=out.encoding,
+                                errors=out.errors, line_buffering=True)
 
 
 def closed_at_start(name: str) -> bool:
