@@ -364,6 +364,29 @@ def test_a_mistake_in_a_config_file_is_named_where_it_is(body, said, tmp_path):
   assert said in error, error
 
 
+@pytest.mark.parametrize("text, said", [
+    ("def get_config(:\n", "bad.py:1: SyntaxError: invalid syntax"),
+    ("def get_config():\n  return 1\n    x = 2\n",
+     "bad.py:3: IndentationError: unexpected indent"),
+    ("x = 1\x00\n", "--config {path}: SyntaxError: source code string cannot contain null bytes"),
+    ("x = 1\n", "--config {path}: the file defines no get_config()"),
+])
+def test_a_config_file_that_does_not_compile_or_builds_nothing_is_one_line(text, said, tmp_path,
+                                                                          monkeypatch):
+  """A config file that does not compile was a traceback through absl, and one
+  without get_config "module 'config_config' has no attribute 'get_config: no
+  such field in the config" (blaming a field): now the file (and line) and the
+  reason."""
+  # ml_collections loads each file into sys.modules' one 'config_config', keeping
+  # what an earlier test's file defined there (a command loads one file).
+  monkeypatch.delitem(sys.modules, "config_config", raising=False)
+  path = tmp_path / "bad.py"
+  path.write_text(text)
+  config, error = train_flags(str(path))
+  assert config is None and error.startswith("train: error: ") and "\n" not in error, error
+  assert error.endswith(said.format(path=path)), error
+
+
 def test_a_field_the_config_lacks_is_named_with_ml_collections_suggestion():
   assert train_flags(DEFAULT, "--config.model.dmodel=3")[1] == (
       'train: error: --config.model.dmodel: no such field in the config (Did you mean '

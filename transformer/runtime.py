@@ -44,6 +44,7 @@ the environment is kept.
 import contextlib
 import ctypes.util
 import importlib.util
+import inspect
 import logging
 import os
 import signal
@@ -358,6 +359,13 @@ def parse_flags(argv, command: str, config_flag: str = "config", flag_values=Non
     if frame is not None:  # A mistake in the config file's own code.
       sys.exit(f"{command}: error: {frame.filename}:{frame.lineno}: {type(e).__name__}: "
                f"{' '.join(_message(e).split())}")
+    if isinstance(e, SyntaxError):  # The file does not compile: its place is in the error.
+      where = e.filename or f"--{config_flag} {_given(argv, config_flag)}"
+      line = f":{e.lineno}" if e.filename and e.lineno else ""
+      sys.exit(f"{command}: error: {where}{line}: {type(e).__name__}: {e.msg}")
+    if isinstance(e, AttributeError) and e.name == "get_config" and inspect.ismodule(e.obj):
+      sys.exit(f"{command}: error: --{config_flag} {_given(argv, config_flag)}: the file "
+               "defines no get_config()")
     if isinstance(e, (AttributeError, KeyError)):
       # ml_collections: a field the config lacks, as "'name'\nDid you mean ...?".
       name, *hint = _message(e).splitlines() or [""]
@@ -375,6 +383,16 @@ def parse_flags(argv, command: str, config_flag: str = "config", flag_values=Non
     message = lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
     sys.exit(f"{command}: error: {message}")
   return rest
+
+
+def _given(argv, flag: str):
+  """The value argv gives flag `flag` (`--flag=VALUE` or `--flag VALUE`)."""
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{flag}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{flag}" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
 
 
 def run(main, command: str) -> None:
