@@ -159,6 +159,26 @@ def test_bad_inputs(tmp_path):
   truncated.write_bytes(tok_lib.train(TEXTS, 'bpe', 300).model_proto[:500])
   with pytest.raises(ValueError, match='truncated.model is not a SentencePiece model'):
     tok_lib.Tokenizer.load(str(truncated))
+  # A flipped byte can make SentencePiece's own error undecodable: its
+  # UnicodeDecodeError named no file.
+  proto = tok_lib.train(TEXTS, 'bpe', 300).model_proto
+  flipped = tmp_path / 'flipped.model'
+  flipped.write_bytes(next(damaged for damaged in (
+      proto[:i] + bytes([proto[i] ^ 0xff]) + proto[i + 1:] for i in range(len(proto)))
+                           if _spm_raises(damaged, UnicodeDecodeError)))
+  with pytest.raises(ValueError, match="flipped.model is not a SentencePiece model .*can't "
+                     'decode byte'):
+    tok_lib.Tokenizer.load(str(flipped))
+
+
+def _spm_raises(model_proto, error):
+  try:
+    spm.SentencePieceProcessor(model_proto=model_proto)
+  except error:
+    return True
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return False
 
 
 def test_a_missing_vocab_path_names_the_field(tmp_path):

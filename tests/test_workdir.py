@@ -40,6 +40,9 @@ def test_missing_workdir_or_damaged_config_is_named(tmp_path):
   (tmp_path / "config.json").write_text('{"model": ')  # Truncated.
   with pytest.raises(ValueError, match=r"config.json is not valid JSON .*line 1 column 11"):
     evaluate.run(str(tmp_path))
+  (tmp_path / "config.json").write_bytes(b'{"model": "\xfa"}')  # Was: no file named.
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON .*can't decode byte 0xfa"):
+    evaluate.run(str(tmp_path))
   (tmp_path / "config.json").write_text('[1, 2]')
   with pytest.raises(ValueError, match=r"config.json holds a list, not a config"):
     evaluate.run(str(tmp_path))

@@ -42,10 +42,10 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir?")
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     try:
       values = json.load(f)
-    except json.JSONDecodeError as e:  # A ValueError that names no file.
+    except ValueError as e:  # Not JSON, or not UTF-8: a ValueError that names no file.
       raise ValueError(f"{path} is not valid JSON (damaged or truncated?): {e}") from e
   if not isinstance(values, dict):
     raise ValueError(f"{path} holds a {type(values).__name__}, not a config")

@@ -36,7 +36,9 @@ class Tokenizer:
                        'truncated?)')
     try:
       self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
-    except RuntimeError as e:  # SentencePiece's parse error names neither file nor cause.
+    # SentencePiece's parse error names neither file nor cause; some damage makes
+    # its message undecodable (a UnicodeDecodeError).
+    except (RuntimeError, UnicodeDecodeError) as e:
       raise ValueError(f'{name} is not a SentencePiece model (damaged or truncated?): '
                        f'{runtime.first_line(e)}') from e
     self.model_proto = model_proto
