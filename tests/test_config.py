@@ -174,6 +174,17 @@ def test_a_config_with_a_vocabulary_file_counts_at_its_size_and_warns_of_vocab_s
     check_config(config)
 
 
+def test_summary_of_an_empty_workdir_flag_is_one_line():
+  """`--workdir ""` passed the check for one of --config and --workdir, then
+  reached the config's checks as None: a traceback (with --config as well, the
+  config's count, silently)."""
+  for extra in ([], ["--config", "configs/default.py"]):
+    out = subprocess.run([sys.executable, "-m", "transformer.summary", "--workdir", "", *extra],
+                         capture_output=True, text=True)
+    assert (out.returncode, out.stdout, out.stderr) == (
+        1, "", "summary: error: --workdir is empty; give a training workdir\n"), out.stderr
+
+
 def test_summary_rows_are_modules_not_their_parameters():
   """A row is a module (up to 3 path parts) with the shapes of its parameters: the
   shared embedding is one row named by its module, a layer norm's scale and bias

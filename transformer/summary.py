@@ -54,6 +54,8 @@ def main(argv):
   with runtime.one_line_errors("summary"):  # A bad model field: one line naming it.
     workdir = flags.FLAGS.workdir
     config = flags.FLAGS.config
+    if workdir == "":  # Was a traceback, or with --config that count, silently.
+      raise ValueError("--workdir is empty; give a training workdir")
     if (config is None) == (workdir is None):
       raise ValueError("give --config or --workdir (one of them)")
     if workdir:
