@@ -428,6 +428,19 @@ except checkpoints.CheckpointSaveError as e:
 """
 
 
+def test_a_file_where_checkpoints_go_is_named_before_training(tmp_path):
+  """A file at `checkpoints` (or `checkpoints_best`): Orbax failed to make the
+  directory in a background thread, logged a traceback, and training ran on to
+  its first save, whose error came only then."""
+  (tmp_path / "checkpoints").write_text("x")
+  with pytest.raises(NotADirectoryError, match=r"not a directory, where checkpoints are "
+                     r"saved; move it away: '.*checkpoints'"):
+    checkpoints.Checkpointer(str(tmp_path / "checkpoints"))
+  with pytest.raises(NotADirectoryError, match="Not a directory"):  # A folder under the file.
+    checkpoints.Checkpointer(str(tmp_path / "checkpoints" / "best"), best_metric="bleu")
+  assert (tmp_path / "checkpoints").read_text() == "x"
+
+
 def test_a_step_directory_that_cannot_be_made_is_reported_at_once(tmp_path):
   """Orbax made a step's directory in a background thread; where that failed (an
   unwritable checkpoints directory), the writer threads waited 300 s for its

@@ -30,6 +30,7 @@ moves checkpoint directories aside (and back), and the others wait for it. A
 step that any process could not read is unreadable for all (checkpoint_reads).
 """
 
+import errno
 import glob
 import hashlib
 import json
@@ -162,6 +163,13 @@ class Checkpointer:
     self._replaced = None  # (step, where it was moved): a best checkpoint being replaced.
     if read_only and not os.path.isdir(self.directory):
       raise FileNotFoundError(f"no checkpoints at {self.directory}")
+    if not read_only and jax.process_index() == 0:
+      # Made here: Orbax makes it in a background thread, whose failure (a file
+      # at the path) was a logged traceback, and training ran to its first save.
+      if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory, where checkpoints are "
+                                 "saved; move it away", self.directory)
+      os.makedirs(self.directory, exist_ok=True)
     best = {}
     if best_metric:
       best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
