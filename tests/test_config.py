@@ -98,6 +98,13 @@ def test_summary_command_prints_total_last():
                        capture_output=True, text=True)
   assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith(
       "summary: error: config.data.vocab_size=3: must be > 4"), bad.stderr[-2000:]
+  # A size too large for memory (the positions' table here) was a MemoryError's traceback.
+  bad = subprocess.run([sys.executable, "-m", "transformer.summary", "--config",
+                        "configs/default.py", "--config.model.max_len=1000000000000"],
+                       capture_output=True, text=True)
+  assert bad.returncode == 1 and re.fullmatch(
+      r"summary: error: out of memory: Unable to allocate [\d.]+ TiB for an array with shape "
+      r"\(1000000000000,\) and data type float64\n", bad.stderr), bad.stderr[-2000:]
 
 
 def test_importing_the_library_defines_no_command_line_flags():
@@ -228,6 +235,7 @@ def test_bad_model_values_name_the_field(field, value, message):
     ("decode.tokens_per_batch", -1), ("distributed.heartbeat_timeout_s", 0),
     ("distributed.initialization_timeout_s", -5), ("decode.concurrent_batches", 0),
     ("data.vocab_size", 4),  # The special ids alone.
+    ("data.vocab_size", 2**31),  # Was SentencePiece's "cannot parse ... as int", no field.
     ("decode.refill", -1),
     ("data.max_length", 1),  # One token plus EOS at least (it was named without its field).
 ])

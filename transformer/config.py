@@ -351,6 +351,8 @@ def check_config(config, trained: bool = False) -> None:
     check(config[section][name] > 0, field, "must be a positive integer")
   check(config.data.vocab_size > 4, "data.vocab_size",
         "must be > 4: ids 0-3 are PAD, UNK, BOS and EOS, and the text needs pieces too")
+  check(config.data.vocab_size < 2**31, "data.vocab_size",
+        "must be < 2**31: SentencePiece's and the batches' ids are 32-bit")
   check(config.data.pack_source_length >= 0, "data.pack_source_length",
         "must be >= 0 (0 = pack_length)")
   check(config.data.max_length >= 2, "data.max_length", "must be >= 2 (one token plus EOS)")

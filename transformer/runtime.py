@@ -329,6 +329,9 @@ def one_line_errors(command: str, extra=()):
       streams.end_reader_gone()
     streams.drop_what_stdout_cannot_write()
     sys.exit(f"{command}: error: {e}")
+  except MemoryError as e:  # A size in the config too large, say: NumPy names the array.
+    absl_logging.debug("%s stopped on", command, exc_info=True)
+    sys.exit(f"{command}: error: out of memory: {e or 'MemoryError'}")
   except KeyboardInterrupt:
     absl_logging.debug("%s interrupted", command, exc_info=True)
     _end_interrupted(command)
