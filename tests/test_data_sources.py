@@ -191,6 +191,29 @@ def test_a_damaged_tfds_split_names_the_split_directory_and_example(tmp_path):
       r'\d+.*', str(e.value)), str(e.value)
 
 
+@pytest.mark.parametrize('damage', [b'', b'{"name": "sc', b'\x98\xfa\x00garbage'])
+def test_a_damaged_dataset_info_names_the_dataset_and_its_data_dir(damage, tmp_path):
+  """A prepared dataset's dataset_info.json, empty, cut short or not UTF-8: TFDS
+  raised protobuf's ParseError (a traceback from train.py) or a
+  UnicodeDecodeError, naming neither the file nor the dataset."""
+  info = tmp_path / 'scan' / 'simple' / '2.0.0' / 'dataset_info.json'
+  info.parent.mkdir(parents=True)
+  info.write_bytes(damage)
+  config = _config(str(tmp_path))
+  config.dataset = 'scan/simple'
+  said = (f'scan/simple in {tmp_path}: its dataset_info.json cannot be read (damaged? '
+          'prepare it again): ')
+  for read in (sources.check_split, sources.load_pairs):
+    with pytest.raises(ValueError, match=re.escape(said)):
+      read(config, 'train')
+  _prepare(tmp_path, 'myinfo', [b'Satz %d' % i for i in range(4)])
+  (tmp_path / 'myinfo' / 'de-en' / '1.0.0' / 'dataset_info.json').write_bytes(damage)
+  config.dataset = 'myinfo/de-en'
+  with pytest.raises(ValueError, match=re.escape(
+      f'myinfo/de-en in {tmp_path}: its dataset_info.json cannot be read')):
+    sources.load_pairs(config, 'train')
+
+
 def test_a_tfds_data_dir_that_is_a_file_names_the_field(tmp_path):
   """A file as data.tfds_data_dir gave "[Errno 20] Not a directory: 'FILE/downloads'"
   for SCAN, and for a registered dataset 'not prepared in FILE/...' with a

@@ -30,6 +30,24 @@ class DataNotPreparedError(FileNotFoundError):
   """A registered TFDS dataset has not been prepared in the data dir."""
 
 
+class DamagedInfoError(ValueError):
+  """A prepared TFDS dataset's dataset_info.json cannot be read."""
+
+
+def _builder(make, name, data_dir):
+  """make(), a TFDS builder, which reads a prepared dataset's dataset_info.json:
+  a damaged one is named here, where TFDS raises protobuf's ParseError (a
+  traceback from the commands) or a UnicodeDecodeError, naming neither the file
+  nor the dataset."""
+  from google.protobuf import json_format  # pylint: disable=g-import-not-at-top
+  try:
+    return make()
+  except (json_format.Error, UnicodeDecodeError) as e:
+    where = data_dir or "TFDS's default data dir"
+    raise DamagedInfoError(f'{name} in {where}: its dataset_info.json cannot be read (damaged? '
+                           f'prepare it again): {runtime.first_line(e)}') from e
+
+
 def prepare_command(name, data_dir):
   """The shell command that prepares TFDS dataset `name` into `data_dir`."""
   where = f' --data_dir={data_dir}' if data_dir else ''
@@ -118,7 +136,9 @@ def _check_scan_split_name(split, field):
 def _iter_scan(config, split, data_dir, chunk, field=None):
   from transformer.data import scan  # pylint: disable=g-import-not-at-top
   _check_scan_split_name(split, field)
-  builder = scan.Scan(config=config, data_dir=data_dir)
+  make = lambda: _builder(lambda: scan.Scan(config=config, data_dir=data_dir), f'scan/{config}',
+                         data_dir)
+  builder = make()
   if not builder.is_prepared():
     try:
       builder.download_and_prepare()  # Generates from the grammar; nothing is downloaded.
@@ -126,7 +146,7 @@ def _iter_scan(config, split, data_dir, chunk, field=None):
       # TFDS builds in a temporary directory and renames it; when another process
       # (of a multi-process job, on a host-local data dir) renamed its own first,
       # this rename fails and that process's identical dataset is used.
-      builder = scan.Scan(config=config, data_dir=data_dir)
+      builder = make()
       if not builder.is_prepared():  # The data dir cannot be written: say which setting.
         raise type(e)(f'cannot prepare {builder.name}/{config} in {builder.data_dir} '
                       f'(config.data.tfds_data_dir): {e}') from e
@@ -186,7 +206,9 @@ def _registered_builder(name, data_config):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   data_dir = tfds_data_dir(data_config)
   try:
-    builder = tfds.builder(name, data_dir=data_dir)
+    builder = _builder(lambda: tfds.builder(name, data_dir=data_dir), name, data_dir)
+  except DamagedInfoError:
+    raise
   except ValueError as e:  # DatasetNotFoundError is one; a bad config of a registered one too.
     raise ValueError(_unknown_dataset(name, data_dir, e)) from e
   src, tgt = data_config.source_lang, data_config.target_lang
@@ -306,7 +328,9 @@ def check_split(data_config, split, field=None):
     from transformer.data import scan  # pylint: disable=g-import-not-at-top
     config = _scan_config(dataset)
     _check_scan_split_name(split, field)
-    builder = scan.Scan(config=config, data_dir=tfds_data_dir(data_config))
+    data_dir = tfds_data_dir(data_config)
+    builder = _builder(lambda: scan.Scan(config=config, data_dir=data_dir), f'scan/{config}',
+                       data_dir)
     if builder.is_prepared():
       _tfds_split_size(builder, split, field)
     return
