@@ -242,6 +242,17 @@ def test_a_sliced_text_split_says_slices_are_tfds_only(tmp_path):
   with pytest.raises(FileNotFoundError, match=r"no text file for split 'val'.* "
                      r"\(config\.data\.text_dir: .*nowhere does not exist\)$"):
     sources.load_pairs(_text_config(tmp_path / 'nowhere'), 'val')
+  # A file as text_dir, and a directory in a text file's place, were 'does not
+  # exist' and a misnamed language.
+  (tmp_path / 'afile').write_text('')
+  with pytest.raises(FileNotFoundError, match=r"\(config\.data\.text_dir: .*afile is a file, "
+                     r"not a directory\)$"):
+    sources.load_pairs(_text_config(tmp_path / 'afile'), 'val')
+  (tmp_path / 'folders' / 'val.en').mkdir(parents=True)
+  (tmp_path / 'folders' / 'val.de').write_text('Hallo\n')
+  with pytest.raises(IsADirectoryError, match=r"val\.en is a directory, not the text file of "
+                     r"split 'val', language 'en'$"):
+    sources.load_pairs(_text_config(tmp_path / 'folders'), 'val')
 
 
 def test_a_vocabulary_of_other_text_is_warned_of(tmp_path, caplog):

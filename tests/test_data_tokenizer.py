@@ -185,10 +185,12 @@ def test_a_missing_vocab_path_names_the_field(tmp_path):
   """open()'s '[Errno 2] No such file or directory' named the file, not the field
   it came from; nothing is trained or written in its place."""
   missing = tmp_path / 'nope.model'
-  for path in (missing, tmp_path):  # No file there; a directory.
-    with pytest.raises(FileNotFoundError, match=rf'^vocabulary {path} not found '
-                       r'\(config\.data\.vocab_path\)$'):
-      tok_lib.load_or_train(_config(vocab_path=str(path)), str(tmp_path / 'w'), TEXTS)
+  with pytest.raises(FileNotFoundError, match=rf'^vocabulary {missing} not found '
+                     r'\(config\.data\.vocab_path\)$'):
+    tok_lib.load_or_train(_config(vocab_path=str(missing)), str(tmp_path / 'w'), TEXTS)
+  with pytest.raises(IsADirectoryError, match=rf'^vocabulary {tmp_path} is a directory, not a '
+                     r'SentencePiece model file \(config\.data\.vocab_path\)$'):  # Was 'not found'.
+    tok_lib.load_or_train(_config(vocab_path=str(tmp_path)), str(tmp_path / 'w'), TEXTS)
   assert not (tmp_path / 'w').exists()
 
 

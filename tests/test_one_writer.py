@@ -67,6 +67,15 @@ def test_stale_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, c
   assert not os.path.exists(os.path.join(workdir, lock.LOCK_NAME))  # A clean exit removes it.
 
 
+def test_a_workdir_that_is_a_file_is_named_as_one(tmp_path):
+  """It said "cannot be used: File exists" (os.makedirs' reason)."""
+  (tmp_path / "w").write_text("notes")
+  with pytest.raises(lock.runtime.CommandError, match=r"^workdir .*w cannot be used: it is a "
+                     r"file, not a directory$"):
+    lock.WorkdirLock(str(tmp_path / "w"), "train").acquire()
+  assert (tmp_path / "w").read_text() == "notes"
+
+
 def test_a_lock_that_holds_no_owner_record_is_taken_over(tmp_path):
   """A LOCK file of valid JSON that is not a record (edited by hand, say) reads
   as no owner: it stopped train.py with an AttributeError's traceback."""

@@ -162,8 +162,9 @@ class WorkdirLock:
       self._forget = sigterm.release_first(self.release)
       files.remove_dead_temporaries(self.workdir)
     except OSError as e:  # Not a directory, no permission, a read-only filesystem...
-      raise runtime.CommandError(f"workdir {self.workdir} cannot be used: "
-                                 f"{e.strerror or e}") from e
+      a_file = os.path.exists(self.workdir) and not os.path.isdir(self.workdir)
+      raise runtime.CommandError(f"workdir {self.workdir} cannot be used: " + (
+          "it is a file, not a directory" if a_file else f"{e.strerror or e}")) from e
     return self
 
   def _acquire_by_pid(self):

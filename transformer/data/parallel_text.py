@@ -16,6 +16,10 @@ def find_file(text_dir, split, lang):
   plain = os.path.join(text_dir, f'{split}.{lang}')
   gz = plain + '.gz'
   found = [p for p in (plain, gz) if os.path.isfile(p)]
+  folders = [p for p in (plain, gz) if os.path.isdir(p)]
+  if not found and folders:  # Not a misnamed split or language: name what is there.
+    raise IsADirectoryError(f'{folders[0]} is a directory, not the text file of split '
+                            f'{split!r}, language {lang!r}')
   if not found:
     raise FileNotFoundError(f'no text file for split {split!r}, language {lang!r}: '
                             f'tried {plain} and {gz}')

@@ -264,7 +264,8 @@ def _text_files(data_config, split, field):
     return tuple(parallel_text.find_file(text_dir, split, lang) for lang in langs)
   except FileNotFoundError as e:
     if not os.path.isdir(text_dir):
-      raise FileNotFoundError(f'{e} (config.data.text_dir: {text_dir} does not exist)') from e
+      what = 'is a file, not a directory' if os.path.exists(text_dir) else 'does not exist'
+      raise FileNotFoundError(f'{e} (config.data.text_dir: {text_dir} {what})') from e
     if re.fullmatch(r'.+\[.*\]', split):  # A TFDS slice, e.g. 'val[:5]'.
       raise ValueError(_with_field(
           f'split {split!r} of parallel_text has a slice, and slices are for TFDS datasets '

@@ -178,6 +178,9 @@ def load_or_train(data_config, workdir, texts):
   """
   path = vocabulary_path(data_config, workdir)
   if data_config.get('vocab_path'):
+    if os.path.isdir(path):
+      raise IsADirectoryError(f'vocabulary {path} is a directory, not a SentencePiece model '
+                              'file (config.data.vocab_path)')
     if not os.path.isfile(path):  # open()'s error would name the path, not the field.
       raise FileNotFoundError(f'vocabulary {path} not found (config.data.vocab_path)')
     try:
