@@ -243,6 +243,12 @@ def test_resume_changes_split_fixed_from_free_fields():
                                    "train.num_steps"]
   old["optim"]["grad_clip_norm"] = 0.5  # Clipping stays on: only its threshold changes.
   assert "optim.grad_clip_norm" in [f for f, *_ in resume_changes(old, new)[1]]
+  # An empty optional path is unset, as None is: "vocab_path None -> '' (changes
+  # the vocabulary)" stopped a resume that changed nothing.
+  old["data"].update(vocab_path=None, tfds_data_dir="")
+  new = json.loads(json.dumps(old))
+  new["data"].update(vocab_path="", tfds_data_dir=None)
+  assert resume_changes(old, new) == ([], [])
 
 
 def test_a_model_field_neither_model_reads_may_change_on_resume():

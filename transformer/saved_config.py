@@ -21,6 +21,8 @@ VOCABULARY_REASON = "changes the vocabulary"
 _DATA_ORDER = "moves the data order the saved position points into"
 # Model fields that act at run time only; every other model field is fixed.
 RESUMABLE_MODEL_FIELDS = ("dropout", "attention_dropout", "attention_impl", "dtype")
+# Optional paths whose empty string means unset, as None does (what reads them).
+UNSET_WHEN_EMPTY = ("data.vocab_path", "data.tfds_data_dir")
 FIXED_ON_RESUME = {
     "seed": _DATA_ORDER,
     **{f"data.{name}": VOCABULARY_REASON for name in ("vocab_size", "vocab_type", "vocab_path")},
@@ -63,7 +65,8 @@ def resume_changes(saved: dict, current: dict):
   old, new = flatten(saved), flatten(current)
   fixed, free = [], []
   for field in sorted(set(old) & set(new)):
-    if old[field] == new[field]:
+    if old[field] == new[field] or (field in UNSET_WHEN_EMPTY and not old[field]
+                                    and not new[field]):
       continue
     section, _, name = field.partition(".")
     reason = FIXED_ON_RESUME.get(field)
