@@ -5,6 +5,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
+from tests import process_helpers
 from tests.workdirs import Stopped, rnn_workdir, stop_at, trained_workdir
 from transformer import data as data_lib
 from transformer import evaluate, inference, metrics, results, runtime
@@ -393,6 +395,21 @@ def test_command_reports_bad_input_without_traceback(tmp_path):
   assert result.returncode == 1
   assert "evaluate: error: workdir" in result.stderr and "does not exist" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_a_full_disk_under_stdout_is_one_line_and_the_results_are_kept(workdir, tmp_path):
+  """The results' print came after the command's one-line errors: on a full
+  disk under stdout, a traceback, Python's note at exit and status 120."""
+  copy = shutil.copytree(workdir, tmp_path / "w")
+  with open("/dev/full", "w") as full:
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer.evaluate", "--workdir", str(copy), "--mode",
+         "greedy", "--limit", "2"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True,
+        timeout=300, env=process_helpers.command_env())
+  assert result.returncode == 1 and re.search(
+      r"\nevaluate: error: \[Errno 28\] No space left on device(: '<stdout>')?\n$",
+      "\n" + result.stderr), result.stderr[-3000:]
+  assert (copy / "eval_test_latest_greedy-n2.json").exists()
 
 
 def test_the_perplexity_counts_every_batch_of_the_split(workdir):

@@ -3,6 +3,7 @@ and the pictures are written as PNG files."""
 
 import math
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import random_tokens, tiny_config
-from transformer import attention, plots
+from transformer import attention, files, plots
 from transformer.model import Transformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,6 +158,15 @@ def test_positional_command_writes_png(tmp_path):
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
   assert result.returncode == 0, result.stderr
   assert_png(out)
+  with open("/dev/full", "w") as full:  # Its stdout's full disk was a traceback, status 120.
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer.plots", "positional", "--d_model", "16",
+         "--max_len", "10", "--out", out], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
+  assert result.returncode == 1 and re.fullmatch(
+      r"plots: error: \[Errno 28\] No space left on device(: '<stdout>')?\n",
+      result.stderr), result.stderr
+  assert_png(out)
   with pytest.raises(ValueError, match="even d_model"):
     plots.plot_positional_encoding(15, 10, out)
   missing = str(tmp_path / "none" / "pe.png")
@@ -181,6 +191,13 @@ def test_positional_command_names_a_directory_out_and_an_oversized_table(tmp_pat
   assert result.stderr.strip().splitlines()[-1] == (
       f"plots: error: --out {str(tmp_path)!r}: is a directory; give a file name")
   assert os.listdir(tmp_path) == []
+  # An empty --out or one ending in '/' passed the check (abspath made them the
+  # current folder and the folder itself) and failed at the rename, naming a
+  # temporary file.
+  with pytest.raises(ValueError, match=r"^--out is empty; give a file name$"):
+    files.check_output("", "--out")
+  with pytest.raises(ValueError, match=r"^--out '.*none/': ends in '/', a folder; give a file"):
+    files.check_output(str(tmp_path / "none") + "/", "--out")
   with pytest.raises(ValueError, match="d_model x max_len = 409,600,000 values"):
     plots.plot_positional_encoding(4096, 100_000, str(tmp_path / "pe.png"))
   assert os.listdir(tmp_path) == []

@@ -251,6 +251,12 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
     translate.run(workdir, "-", str(out), plot_attention=str(out))
   with pytest.raises(ValueError, match=r"--output '.*x.txt': its folder '.*none' does not exist"):
     translate.run(workdir, "-", str(tmp_path / "none" / "x.txt"))
+  # Both were found out after the whole input: the output's rename failed (leaving
+  # '.partial' in the current folder), and no plot was drawn, silently.
+  with pytest.raises(ValueError, match=r"^--output is empty; give a file name$"):
+    translate.run(workdir, "-", "")
+  with pytest.raises(ValueError, match=r"^--plot_attention is empty; give an image file"):
+    translate.run(workdir, "-", str(out), plot_attention="")
   with monkeypatch.context() as patch:  # stdin reaches process 0 alone.
     patch.setattr(translate.jax, "process_count", lambda: 2)
     with pytest.raises(ValueError, match="--input -: every process of a multi-process job"):

@@ -172,7 +172,8 @@ def main(argv):
     step, chosen = average_checkpoints(flags.FLAGS.workdir, flags.FLAGS.last)
   sigterm.hand_over()  # Done and unlocked: nothing left for SIGTERM's message to speak of.
   if jax.process_index() == 0:
-    print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
+    with runtime.one_line_errors("average_checkpoints"):  # A full disk under stdout: one line.
+      print(f"averaged steps {chosen} into checkpoints_averaged/{step}")
 
 
 if __name__ == "__main__":

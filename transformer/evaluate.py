@@ -288,8 +288,9 @@ def main(argv):
                        f.concurrent_batches, f.refill)
   sigterm.hand_over()  # Written: SIGTERM's message would no longer be true.
   if jax.process_index() == 0:
-    print(json.dumps(result, indent=2, sort_keys=True))
-    print(f"wrote {path}")
+    with runtime.one_line_errors("evaluate"):  # A full disk under stdout: one line.
+      print(json.dumps(result, indent=2, sort_keys=True))
+      print(f"wrote {path}")
 
 
 if __name__ == "__main__":

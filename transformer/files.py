@@ -134,7 +134,13 @@ class BusyError(runtime.CommandError):
 def check_output(path: str, flag: str) -> None:
   """A ValueError naming `flag` for an output file that cannot be written (a
   directory at its path, or its folder missing): commands check before any
-  work, so that a bad path does not throw away what they computed."""
+  work, so that a bad path does not throw away what they computed. An empty
+  path, or one ending in '/', names no file (abspath would make them the current
+  folder and the folder itself)."""
+  if not path:
+    raise ValueError(f"{flag} is empty; give a file name")
+  if path.endswith(os.sep):
+    raise ValueError(f"{flag} {path!r}: ends in {os.sep!r}, a folder; give a file name")
   folder = os.path.dirname(os.path.abspath(path))
   if os.path.isdir(path):
     raise ValueError(f"{flag} {path!r}: is a directory; give a file name")

@@ -9,7 +9,6 @@ OUT.png`, from `cross_attention_weights` and `plot_attention` here.
 import functools
 import io
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -198,13 +197,11 @@ def main(argv):
                          "[--d_model 512] [--max_len 100] --out pe.png")
   runtime.quiet_library_logs()
   f = flags.FLAGS
-  try:
+  with runtime.one_line_errors("plots"):  # Its stdout's full disk too.
     files.check_output(f.out, "--out")
     figure_format(f.out)
     plot_positional_encoding(f.d_model, f.max_len, f.out)
-  except (OSError, ValueError) as e:
-    sys.exit(f"plots: error: {e}")
-  print(f"wrote {f.out}")
+    print(f"wrote {f.out}")
 
 
 if __name__ == "__main__":

@@ -219,6 +219,8 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   decode.check_settings(mode, temperature=temperature)  # The mode, and 0 <= temperature < inf.
   if chunk_lines < 1:
     raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
+  if plot_attention == "":  # Was no plot, silently.
+    raise ValueError("--plot_attention is empty; give an image file, or leave the flag out")
   config = workdir_lib.load_config(workdir)
   if plot_attention:  # Bad plot flags fail before any work.
     if jax.process_count() > 1:
