@@ -316,13 +316,27 @@ def test_conflicting_modes_and_a_workdir_that_is_a_file_are_one_line(tmp_path):
        f"--workdir {tmp_path / 'afile'} is a file, not a directory"),
       (["--workdir", str(tmp_path / "afile" / "sub"), "--emit", "slurm"],
        f"--workdir {tmp_path / 'afile' / 'sub'}: [Errno 20] Not a directory: "
-       f"'{tmp_path / 'afile' / 'sub'}'")):
+       f"'{tmp_path / 'afile' / 'sub'}'"),
+      # Empty, each was its default, silently (--base and --only the same way).
+      (["--workdir", "", "--emit", "commands"],
+       "--workdir is empty; leave the flag out for runs/<sweep>_<base>"),
+      (["--only", "", "--emit", "commands"], "--only is empty; leave the flag out for every "
+       "variant")):
     out = subprocess.run([sys.executable, "-m", "transformer.sweep", "--sweep", sweep, *args],
                          cwd=ROOT, capture_output=True, text=True,
                          env=process_helpers.command_env())
     assert out.returncode == 1 and out.stdout == "", (args, out)
     assert out.stderr.strip().splitlines()[-1] == f"sweep: error: {error}", (args, out.stderr)
   assert os.path.getsize(tmp_path / "afile") == 0
+
+
+def test_a_slurm_script_refuses_a_workdir_with_a_line_break(tmp_path):
+  """The #SBATCH lines took the workdir unquoted: its text after a line break
+  became a command of the script (and SLURM stopped reading #SBATCH lines)."""
+  sweep = sweep_lib.resolve(write_sweep(tmp_path))
+  with pytest.raises(ValueError, match=r"^--workdir 'runs\\necho INJECTED' holds a line "
+                     "break, which a SLURM script cannot hold$"):
+    sweep_lib.slurm_script(sweep, "runs\necho INJECTED", "demo")
 
 
 def test_the_closing_summary_names_the_invalid_variants_too(tmp_path):

@@ -274,6 +274,9 @@ def slurm_script(sweep: Sweep, workdir: str, name: str) -> str:
   `commands`, with train.py's absolute path, from the directory the script was
   made in. Resources (--gres, --time, ...) go on the sbatch command line."""
   lines = commands(sweep, workdir, os.path.join(ROOT, "train.py"))
+  for what, path in (("--workdir", workdir), ("the current directory", os.getcwd())):
+    if "\n" in path:  # Its #SBATCH line would end there, and the rest run as a command.
+      raise ValueError(f"{what} {path!r} holds a line break, which a SLURM script cannot hold")
   return "\n".join([
       "#!/bin/bash",
       f"# {len(lines)} variants of {sweep.path} on {sweep.base}; one per array task.",
@@ -389,6 +392,10 @@ def main(argv):
            if on]
   if len(modes) > 1:  # One would win silently.
     sys.exit(f"sweep: error: {' and '.join(modes)}: give one of them")
+  for name, unset in (("workdir", "runs/<sweep>_<base>"), ("base", "the sweep file's BASE"),
+                      ("only", "every variant")):
+    if f[name].present and not f[name].value:  # Was the default, silently.
+      sys.exit(f"sweep: error: --{name} is empty; leave the flag out for {unset}")
   if f["checkpoint"].present and not f.collect:
     sys.exit("sweep: error: --checkpoint says whose results --collect reads: give it with "
              "--collect")
