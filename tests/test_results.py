@@ -39,6 +39,42 @@ def test_a_damaged_status_or_evaluation_file_is_named_and_left_blank(tmp_path, c
   assert f"Skipping {variant_dir}/eval_9.json: a list, not a JSON object" in caplog.text
 
 
+@pytest.mark.parametrize("status, evaluation, warned", [
+    ({"status": "finished", "wall_seconds": "abc"}, {"metrics": {"bleu": "x"}},
+     ["sweep_status.json: its wall_seconds is 'abc', not a number of seconds",
+      "eval_9.json: its metrics' bleu is 'x', not a number"]),
+    ({"status": "finished", "overrides": 5}, {"metrics": [1]},
+     ["sweep_status.json: its overrides is 5, not a list of texts",
+      "eval_9.json: its metrics is [1], not an object of figures"]),
+    ({"status": "finished", "wall_seconds": float("nan")}, {"perplexity": "low"},
+     ["sweep_status.json: its wall_seconds is nan, not a number of seconds",
+      "eval_9.json: its perplexity is 'low', not a number"]),
+])
+def test_a_figure_of_the_wrong_kind_is_named_and_left_blank(status, evaluation, warned,
+                                                             tmp_path, caplog):
+  """A hand-edited status or evaluate JSON with a field of the wrong kind stopped
+  --collect, and no table was written: a traceback (a text score multiplied, a
+  list's .get, a number of overrides iterated), or a line naming no file."""
+  path = write_sweep(tmp_path, "BASE = {base!r}\ndef get_sweep(base):\n  return []\n",
+                     base=MULTI30K)
+  sweep = sweep_lib.resolve(path, sets=["train.num_steps=300"])
+  variant_dir = str(tmp_path / "runs" / "base")
+  fake_workdir(variant_dir, sweep.variants[0].config, checkpoints=[300], evaluations=[
+      {"split": "val", "mode": "greedy", "step": 300, "metrics": {"bleu": 21.25}}])
+  with open(os.path.join(variant_dir, results.STATUS_FILE), "w") as f:
+    json.dump(status, f)
+  with open(os.path.join(variant_dir, "eval_9.json"), "w") as f:
+    json.dump({"split": "test_2016_flickr", "mode": "greedy", "step": 300, **evaluation}, f)
+  with caplog.at_level(logging.WARNING):
+    assert results.read_statuses(str(tmp_path / "runs")) == {"base": {}}
+    row = results.variant_row(sweep.variants[0], variant_dir)
+  assert (row["status"], row["wall_seconds"], row["dev_bleu_greedy"], row.get(
+      "test_bleu_greedy")) == (None, None, 21.25, None)
+  for line in warned:
+    assert f"Skipping {variant_dir}/{line}" in caplog.text, caplog.text
+  results.to_markdown([row], "bleu", "t")  # Formats, as it did not.
+
+
 def _save_best(variant_dir, step, metrics):
   """A kept best checkpoint as results reads it: its step's folder and the
   metrics saved with it (Orbax's <step>/metrics/metrics)."""

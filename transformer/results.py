@@ -25,6 +25,7 @@ import dataclasses
 import glob
 import io
 import json
+import math
 import os
 import re
 from typing import Optional
@@ -55,9 +56,44 @@ def count_parameters(config, vocab_size: int = 0) -> int:
   return state_lib.parameter_count(state_lib.parameter_shapes(model_config(config, vocab_size)))
 
 
+def _number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _texts(value) -> bool:
+  return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+# What the fields a table or a sweep reads must hold, by file: {field: (test, kind)}.
+_STATUS_FIELDS = {
+    "status": (lambda v: isinstance(v, str), "a text"), "base": (lambda v: isinstance(v, str),
+                                                                "a text"),
+    "overrides": (_texts, "a list of texts"), "sets": (_texts, "a list of texts"),
+    "wall_seconds": (_number, "a number of seconds"),
+    "steps": (lambda v: v is None or (_number(v) and v == int(v)), "a step number")}
+_EVALUATION_FIELDS = {
+    "metrics": (lambda v: v is None or isinstance(v, dict), "an object of figures"),
+    "perplexity": (lambda v: v is None or _number(v), "a number"),
+    "step": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+             "a step number")}
+
+
+def _well_formed(path: str, value: Optional[dict], fields: dict) -> Optional[dict]:
+  """`value` (a file's JSON object), or None, with a warning naming the file and
+  the field, where a field it has is not of its kind (a hand edit): a table
+  leaves that file's figures blank, where one figure of the wrong type stopped
+  it with a traceback, and no table was written."""
+  for name, (ok, kind) in fields.items():
+    if value is not None and name in value and not ok(value[name]):
+      logging.warning("Skipping %s: its %s is %r, not %s.", path, name, value[name], kind)
+      return None
+  return value
+
+
 def read_status(variant_dir: str) -> Optional[dict]:
   path = os.path.join(variant_dir, STATUS_FILE)
-  return files.read_json_object(path) if os.path.exists(path) else None
+  return (_well_formed(path, files.read_json_object(path), _STATUS_FIELDS)
+          if os.path.exists(path) else None)
 
 
 def holds_variant(variant_dir: str) -> bool:
@@ -167,11 +203,15 @@ def evaluation(variant_dir: str, config, split: str, mode: str, checkpoint: str,
   checkpoints were deleted), with a warning."""
   found = []
   replaceable = checkpoint in workdir_lib.REPLACEABLE
-  current = workdir_lib.checkpoint_identity(variant_dir, checkpoint,
-                                            metrics_lib.main_metric(config.data.dataset))
+  metric = metrics_lib.main_metric(config.data.dataset)
+  current = workdir_lib.checkpoint_identity(variant_dir, checkpoint, metric)
   for path in glob.glob(os.path.join(variant_dir, "eval_*.json")):
-    result = files.read_json_object(path)
+    result = _well_formed(path, files.read_json_object(path), _EVALUATION_FIELDS)
     if result is None:
+      continue
+    score = (result.get("metrics") or {}).get(metric)
+    if score is not None and not _number(score):
+      logging.warning("Skipping %s: its metrics' %s is %r, not a number.", path, metric, score)
       continue
     if (result.get("split") != split or result.get("mode") != mode or result.get("limit")
         or result.get("checkpoint") != checkpoint):
