@@ -467,6 +467,17 @@ def test_model_all_pad_rows_emit_nothing():
     assert not ids_BxL[1].any()
 
 
+def test_model_an_output_limit_near_2_31_is_the_model_s_max_len():
+  """max_extra_len 2^31 - 1 (translate --max_extra_len 2147483647): its int32 sum
+  with a source length wrapped around, and every output was empty."""
+  model, params = tiny_model()
+  kw = dict(model=model, params=params, inputs_BxS=jnp.asarray(sources(SRC_LENGTHS, 6)),
+            mode='greedy', eos_id=M_EOS)
+  want = np.asarray(decode_jit(max_extra_len=model.max_len, **kw))
+  assert (want != 0).any()
+  np.testing.assert_array_equal(np.asarray(decode_jit(max_extra_len=2**31 - 1, **kw)), want)
+
+
 def test_model_cache_growth_changes_nothing(monkeypatch):
   """Decoding starts on a cache of first_cache_len steps and pads it to the full
   length if the batch runs past them: the outputs must not depend on where (or

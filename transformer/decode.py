@@ -151,6 +151,9 @@ def encode_and_decode(model: DecodingModel, params, inputs_BxS: Array, *,
   if mode == 'sample' and rng is None:
     raise ValueError("mode='sample' needs rng")
   B, S = inputs_BxS.shape
+  # No output is longer than model.max_len: more changes nothing, and near 2^31 the
+  # int32 sum below wrapped around, every output empty.
+  max_extra_len = min(int(max_extra_len), model.max_len)
   L = min(S + max_extra_len, model.max_len)  # Decoder positions must exist.
   src_len_B = jnp.sum(inputs_BxS != model.pad_id, axis=1)
   # An all-PAD row pads the batch: it emits nothing rather than keep the loop
