@@ -40,6 +40,24 @@ class FakeTrainer:
                 exist_ok=True)
 
 
+def test_a_failure_is_recorded_with_the_line_that_says_why(tmp_path, monkeypatch):
+  """A variant's recorded error was train.log's last line, which after a traceback
+  was JAX's note on the frames it hides ("For simplicity, JAX has removed ..."),
+  not the exception."""
+  script = ("import sys\n"
+            "print('I1128 training.py] Parameters: 1,000')\n"
+            "print('Traceback (most recent call last):\\n  File \"x.py\", line 1')\n"
+            "print('TypeError: unsupported operand type(s)')\n"
+            "print('--------------------\\nFor simplicity, JAX has removed its internal frames')\n"
+            "sys.exit(1)\n")
+  monkeypatch.setattr(sweep_run.launch, "child_command",
+                      lambda argv: [sys.executable, "-c", script])
+  with pytest.raises(RuntimeError, match=r"^train\.py exited with status 1: TypeError: "
+                     r"unsupported operand type\(s\)$"):
+    sweep_run.train_subprocess([], str(tmp_path))
+  assert "For simplicity" in (tmp_path / "train.log").read_text()  # The log keeps every line.
+
+
 def test_run_skips_finished_resumes_others_and_records_failures(tmp_path):
   sweep = sweep_lib.resolve(write_sweep(tmp_path), sets=["train.num_steps=5"])
   workdir = str(tmp_path / "runs")

@@ -8,6 +8,7 @@ import functools
 import glob
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -70,15 +71,21 @@ class ForwardedSignals:
       self._child = None
 
 
+# A line that says why train.py failed: its one-line error, or a traceback's
+# exception (after which a note can follow: JAX adds one to every exception).
+_WHY = re.compile(r"train: (error|stopped)|[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+
 def train_subprocess(argv: list, variant_dir: str,
                      signals: Optional[ForwardedSignals] = None) -> None:
   """Runs `python train.py argv`, each line of its output shown and appended to
   train.log as it comes (a sweep killed mid-run keeps every line before);
-  raises RuntimeError with the output's last line if it fails. train.py runs in
+  raises RuntimeError with the line that says why (_WHY; else the output's last
+  line) if it fails. train.py runs in
   a session of its own, so that a terminal's Ctrl-C reaches the sweep alone,
   which passes it on once (`signals`), and gets SIGTERM should the sweep die
   (launch's PR_SET_PDEATHSIG): it is never left training unattended."""
-  last = ""
+  last = why = ""
   command = launch.child_command([os.path.join(ROOT, "train.py")] + argv)
   with open(os.path.join(variant_dir, "train.log"), "a", buffering=1) as log, \
       subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -89,8 +96,9 @@ def train_subprocess(argv: list, variant_dir: str,
       sys.stderr.write(line)
       log.write(line)
       last = line.strip() or last
+      why = last if _WHY.match(last) else why
   if process.returncode:
-    raise RuntimeError(f"train.py {launch.how_it_ended(process.returncode)}: {last}")
+    raise RuntimeError(f"train.py {launch.how_it_ended(process.returncode)}: {why or last}")
 
 
 # Fields a rerun may change and still continue a variant's checkpoints: how long
