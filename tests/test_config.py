@@ -406,6 +406,16 @@ def test_a_config_file_that_does_not_compile_or_builds_nothing_is_one_line(text,
   assert error.endswith(said.format(path=path)), error
 
 
+def test_a_section_replaced_whole_names_the_fields_it_lacks():
+  """`--config.model={}` (or a sweep's --set model={...}) passed ml_collections,
+  and the checks stopped on the first field read, a KeyError's traceback."""
+  config = train_flags(DEFAULT, '--config.data={"dataset": "scan/simple"}')[0]
+  with pytest.raises(ValueError, match=r"^config\.data lacks batching, eval_split, max_length, "
+                     r"overlong and \d+ more, which configs/base\.py's config has \(a section "
+                     r"replaced whole, as --config\.data=\{\.\.\.\} does\?\)$"):
+    check_config(config)
+
+
 def test_a_field_the_config_lacks_is_named_with_ml_collections_suggestion():
   assert train_flags(DEFAULT, "--config.model.dmodel=3")[1] == (
       'train: error: --config.model.dmodel: no such field in the config (Did you mean '

@@ -298,6 +298,21 @@ def check_known_fields(config) -> None:
                          "such field)" + (f"; did you mean {path}.{near[0]}?" if near else ""))
 
 
+def check_complete(config) -> None:
+  """A ValueError naming the fields of configs/base.py's config that a section
+  lacks: a section replaced whole (`--config.model={}`) stopped the checks with
+  a traceback naming one field."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  known = base.get_config()
+  for section in SECTIONS:
+    missing = [name for name in known[section].keys() if name not in config[section]]
+    if missing:
+      shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+                                        else "")
+      raise ValueError(f"config.{section} lacks {shown}, which configs/base.py's config has "
+                       f"(a section replaced whole, as --config.{section}={{...}} does?)")
+
+
 def check_config(config, trained: bool = False) -> None:
   """Checks the fields outside `config.model`; raises ValueError naming the field.
   `trained`: a trained workdir's config (saved_config.check_saved), read to
@@ -307,6 +322,7 @@ def check_config(config, trained: bool = False) -> None:
   check_sections(config, "the config")
   if not trained:
     check_known_fields(config)
+    check_complete(config)
 
   def value(field):
     node = config
