@@ -191,6 +191,20 @@ def test_an_unbuffered_stdout_writes_a_text_whole_or_ends_by_sigpipe():
   assert (process.wait(timeout=60), err) == (-signal.SIGPIPE, b""), err
 
 
+def test_running_out_of_device_memory_is_one_line():
+  """XLA's failed allocation (a --beam_size of 100,000, say) was a JaxRuntimeError's
+  traceback; NumPy's MemoryError is one line too (test_config's summary test)."""
+  code = ("import jax.numpy as jnp\n"
+          "from transformer import runtime\n"
+          "with runtime.one_line_errors('cmd'):\n"
+          "  jnp.zeros((2**40,), jnp.float32).block_until_ready()\n")
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=process_helpers.command_env())
+  assert (out.returncode, out.stderr) == (1, "cmd: error: out of memory: RESOURCE_EXHAUSTED: "
+                                             "Out of memory allocating 4398046511104 bytes.\n"), (
+      out.stderr[-3000:])
+
+
 def test_summary_with_stdout_closed_prints_nothing_and_raises_nothing():
   """Started with descriptor 1 closed (`>&-`), summary's stdout was Python's
   None, on which one_line_errors' flush at the block's end raised

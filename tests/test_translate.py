@@ -267,6 +267,13 @@ def test_bad_arguments_fail_before_any_work(workdir, tmp_path, monkeypatch):
       translate.run(workdir, "-", str(out), mode="sample", temperature=temperature)
   with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^32\)"):
     translate.run(workdir, "-", str(out), mode="sample", seed=2**32)
+  # Huge sizes failed deep inside: an OverflowError's traceback, an islice error.
+  with pytest.raises(ValueError, match=r"^beam_size must be < 2\^31, got 2147483648$"):
+    translate.run(workdir, "-", str(out), beam_size=2**31)
+  with pytest.raises(ValueError, match=r"^chunk_lines must be in \[1, 2\^31\), got 0$"):
+    translate.run(workdir, "-", str(out), chunk_lines=0)
+  with pytest.raises(ValueError, match=r"^chunk_lines must be in \[1, 2\^31\), got 10{20}$"):
+    translate.run(workdir, "-", str(out), chunk_lines=10**20)
   assert out.read_text() == "keep me\n" and partial.read_text() == "keep me too\n"
 
 

@@ -26,6 +26,9 @@ def check_settings(mode, beam_size=4, alpha=0.6, max_extra_len=50, compact=0,
                            ("compact", compact, 0), ("top_k", top_k, 0), ("refill", refill, 0)):
     if int(value) < low:
       raise ValueError(f"{name} must be >= {low}, got {value}")
+  for name, value in (("beam_size", beam_size), ("top_k", top_k), ("refill", refill)):
+    if int(value) >= 2**31:  # Array sizes: an OverflowError's traceback, deep in the model.
+      raise ValueError(f"{name} must be < 2^31, got {value}")
   if int(compact) and int(refill):
     raise ValueError(f"compact ({compact}) and refill ({refill}) are two ways to spend "
                      "fewer steps on finished sentences; set one of them to 0")

@@ -154,8 +154,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
   workdir_lib.checkpoint_location(workdir, checkpoint)  # A bad name fails before loading.
   if limit is not None and limit < 1:
     raise ValueError(f"limit must be >= 1, got {limit}")
-  if chunk_lines < 1:
-    raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
+  check_chunk_lines(chunk_lines)
   if split == "":  # An unset shell variable: not the default split.
     raise ValueError("--split is empty (leave the flag out for config.data.test_split)")
   config = workdir_lib.load_config(workdir)
@@ -246,6 +245,13 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
     if out is not None:
       files.close_partial(out, stem + ".txt")
   return result, stem + ".json"
+
+
+def check_chunk_lines(chunk_lines: int) -> None:
+  """Lines read at a time, an index of Python's and TensorFlow's: a huge one
+  failed inside them, naming no flag."""
+  if not 1 <= chunk_lines < 2**31:
+    raise ValueError(f"chunk_lines must be in [1, 2^31), got {chunk_lines}")
 
 
 def define_decode_flags(modes, default_mode):

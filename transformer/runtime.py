@@ -329,12 +329,21 @@ def one_line_errors(command: str, extra=()):
       streams.end_reader_gone()
     streams.drop_what_stdout_cannot_write()
     sys.exit(f"{command}: error: {e}")
-  except MemoryError as e:  # A size in the config too large, say: NumPy names the array.
+  except (MemoryError, RuntimeError) as e:  # A size too large, say: the error names it.
+    if not isinstance(e, MemoryError) and not _out_of_device_memory(e):
+      raise
     absl_logging.debug("%s stopped on", command, exc_info=True)
-    sys.exit(f"{command}: error: out of memory: {e or 'MemoryError'}")
+    sys.exit(f"{command}: error: out of memory: {first_line(e) if str(e) else 'MemoryError'}")
   except KeyboardInterrupt:
     absl_logging.debug("%s interrupted", command, exc_info=True)
     _end_interrupted(command)
+
+
+def _out_of_device_memory(error: BaseException) -> bool:
+  """Whether `error` is XLA's failed allocation (JAX's JaxRuntimeError, a
+  RuntimeError: this module imports no JAX)."""
+  return (type(error).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+          and str(error).startswith("RESOURCE_EXHAUSTED"))
 
 
 def parse_flags(argv, command: str, config_flag: str = "config", flag_values=None):

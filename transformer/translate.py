@@ -217,8 +217,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   workdir_lib.require_directory(workdir)
   workdir_lib.checkpoint_location(workdir, checkpoint)
   decode.check_settings(mode, temperature=temperature)  # The mode, and 0 <= temperature < inf.
-  if chunk_lines < 1:
-    raise ValueError(f"chunk_lines must be >= 1, got {chunk_lines}")
+  evaluate.check_chunk_lines(chunk_lines)
   if plot_attention == "":  # Was no plot, silently.
     raise ValueError("--plot_attention is empty; give an image file, or leave the flag out")
   config = workdir_lib.load_config(workdir)
