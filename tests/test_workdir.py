@@ -35,6 +35,9 @@ def test_missing_workdir_or_damaged_config_is_named(tmp_path):
     evaluate.run(str(tmp_path), split="")
   with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
     evaluate.run(str(tmp_path), checkpoint="\u00b2")  # isdigit, and int() refused it.
+  with pytest.raises(ValueError, match="checkpoint must be a step number or one of"):
+    evaluate.run(str(tmp_path), checkpoint="\u0661\u0660")  # Arabic-Indic 10: a file name apart.
+  assert [workdir_lib.checkpoint_name(c) for c in ("0010", "10", "best")] == ["10", "10", "best"]
   with pytest.raises(FileNotFoundError, match="config.json not found"):
     evaluate.run(str(tmp_path))
   (tmp_path / "config.json").write_text('{"model": ')  # Truncated.

@@ -151,7 +151,7 @@ def run(workdir, split=None, checkpoint="latest", mode="beam", beam_size=None, a
         compact=None, concurrent_batches=None, refill=None):
   """Restores `workdir`, decodes and scores `split`, writes the JSON; returns (result, path)."""
   workdir_lib.require_directory(workdir)
-  workdir_lib.checkpoint_location(workdir, checkpoint)  # A bad name fails before loading.
+  checkpoint = workdir_lib.checkpoint_name(checkpoint)  # A bad name fails before loading.
   if limit is not None and limit < 1:
     raise ValueError(f"limit must be >= 1, got {limit}")
   check_chunk_lines(chunk_lines)

@@ -383,7 +383,7 @@ def collect(sweep, workdir: str, checkpoint: str = "latest", statuses: Optional[
   """
   # evaluate's check of the name (a ValueError naming the names), before
   # anything is read or written: a bad one would make a table of blanks.
-  workdir_lib.checkpoint_location(workdir, checkpoint)
+  checkpoint = workdir_lib.checkpoint_name(checkpoint)
   workdir_lib.require_directory(workdir, "--collect: sweep workdir")
   base_dir = os.path.join(workdir, sweep.variants[0].name)
   base = (workdir_lib.load_config(base_dir) if os.path.exists(

@@ -215,7 +215,7 @@ def run(workdir, input_path="-", output_path="-", checkpoint="latest", mode="bea
   chunk by chunk (and draws the attention plot if asked); returns the
   translations, or with collect=False (bounded memory) their number."""
   workdir_lib.require_directory(workdir)
-  workdir_lib.checkpoint_location(workdir, checkpoint)
+  checkpoint = workdir_lib.checkpoint_name(checkpoint)
   decode.check_settings(mode, temperature=temperature)  # The mode, and 0 <= temperature < inf.
   evaluate.check_chunk_lines(chunk_lines)
   if plot_attention == "":  # Was no plot, silently.

@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import sys
 from typing import Any, Optional
 
@@ -253,13 +254,23 @@ def require_directory(workdir: str, what: str = "workdir") -> None:
         "is a file, not a directory" if os.path.exists(workdir) else "does not exist"))
 
 
-def checkpoint_location(workdir: str, checkpoint: str = "latest"):
-  """(directory, step or None for the newest) of a checkpoint name."""
-  if str(checkpoint).isdecimal():  # Not isdigit: '²' is a digit that int() refuses.
-    return os.path.join(workdir, CHECKPOINT_DIRS["latest"]), int(checkpoint)
+def checkpoint_name(checkpoint) -> str:
+  """A checkpoint's name as files and tables spell it: a step number in ASCII
+  digits without leading zeros ('0010' is '10'; it named its evaluate files
+  apart and --collect missed them), or one of CHECKPOINT_DIRS' names."""
+  if re.fullmatch(r"[0-9]+", str(checkpoint)):  # Not isdecimal: '١٠' is int() 10 too.
+    return str(int(checkpoint))
   if checkpoint not in CHECKPOINT_DIRS:
     raise ValueError(f"checkpoint must be a step number or one of {sorted(CHECKPOINT_DIRS)}, "
                      f"got {checkpoint!r}")
+  return checkpoint
+
+
+def checkpoint_location(workdir: str, checkpoint: str = "latest"):
+  """(directory, step or None for the newest) of a checkpoint name."""
+  checkpoint = checkpoint_name(checkpoint)
+  if checkpoint.isdigit():
+    return os.path.join(workdir, CHECKPOINT_DIRS["latest"]), int(checkpoint)
   path = os.path.join(workdir, CHECKPOINT_DIRS[checkpoint])
   if checkpoint == "best":
     # Training moves the kept best aside while it saves a better one of the same
