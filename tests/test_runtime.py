@@ -155,6 +155,10 @@ def _printing(size):
     (_printing(100_000), "cmd: error: [Errno 28] No space left on device"),
     (["-m", "transformer.sweep", "--sweep", "configs/sweeps/table3_cpu.py", "--emit",
       "commands"], "sweep: error: [Errno 28] No space left on device: '<stdout>'"),
+    # Unbuffered (streams.whole_writes), the failing write is inside print: named too.
+    (["-u", "-c", "from transformer import runtime, streams\nstreams.set_up()\n"
+                  "with runtime.one_line_errors('cmd'):\n  print('x' * 100)\n"],
+     "cmd: error: [Errno 28] No space left on device: '<stdout>'"),
 ])
 def test_a_full_disk_under_stdout_is_one_line_and_status_1(argv, line):
   """`cmd > FILE` on a full disk (/dev/full): a buffered stdout wrote its last

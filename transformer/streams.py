@@ -43,19 +43,34 @@ def open_closed() -> None:
     _CLOSED_AT_START.add(name)
 
 
+class _NamedWrites(io.FileIO):
+  """A descriptor's writer whose failures name it ('<stdout>'), as one_line_errors
+  names a failed flush of a buffered stdout: an OSError from inside a print
+  names no file."""
+
+  def write(self, data):
+    try:
+      return super().write(data)
+    except OSError as e:
+      if e.filename is not None or isinstance(e, BlockingIOError):  # Its 3rd arg is a count.
+        raise
+      raise type(e)(e.errno, e.strerror, self.name) from None
+
+
 def whole_writes() -> None:
   """Where stdout is unbuffered (`python -u`, or PYTHONUNBUFFERED=1, which
   containers often set), Python's text layer hands each text to a single
   write(2) of the descriptor and drops whatever that call did not take: a pipe
   whose reader left mid-write (`translate | head`), or a disk that filled, cut
   the output short with no error and status 0. stdout is then put on a buffered
-  writer of the same descriptor, which writes until all is taken or fails, and
-  flushed at each line end, so lines still appear as they are printed."""
+  writer of the same descriptor, which writes until all is taken or fails
+  (naming '<stdout>'), and flushed at each line end, so lines still appear as
+  they are printed."""
   out = sys.stdout
   if out is None or not isinstance(getattr(out, "buffer", None), io.RawIOBase):
     return
   out.flush()
-  raw = io.FileIO(out.fileno(), "w", closefd=False)  # Its own: closing it leaves out's.
+  raw = _NamedWrites(out.fileno(), "w", closefd=False)  # Its own: closing it leaves out's.
   raw.name = out.buffer.name  # '<stdout>', which messages name.
   sys.stdout = io.TextIOWrapper(io.BufferedWriter(raw), encoding=out.encoding,
                                 errors=out.errors, line_buffering=True)
