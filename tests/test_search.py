@@ -208,6 +208,13 @@ def test_sample_distribution_and_top_k():
   np.testing.assert_allclose(freq_V, want_V, atol=0.03)
   ids = np.asarray(search.sample(logits_fn, {}, jax.random.key(1), top_k=2, **kw))
   assert set(np.unique(ids)) == {1, 2}
+  # A huge temperature draws the tokens alike: past ~1e38 every draw was PAD
+  # (1 / temperature was 0 in float32, and a masked logit times 0 NaN).
+  for temperature in (1e38, 1e39):
+    ids = np.asarray(search.sample(logits_fn, {}, jax.random.key(1), temperature=temperature,
+                                   **kw))
+    freq_V = np.bincount(ids[:, 0], minlength=V) / n
+    np.testing.assert_allclose(freq_V, [0, .25, .25, .25, .25, 0], atol=0.03)
 
 
 def test_a_sampled_row_depends_on_its_own_key_alone():

@@ -167,6 +167,8 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
   if not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
     rng = jax.random.wrap_key_data(rng)  # A raw uint32 key (jax.random.PRNGKey).
   keys_B = rng if jnp.ndim(rng) else row_keys(rng, jnp.arange(batch_size))
+  if isinstance(temperature, (int, float)):  # float32's largest: no overflow in the cast.
+    temperature = min(temperature, float(np.finfo(np.float32).max))
 
   def choose_fn(logits_NxV, t):
     logits_NxV = logits_NxV.astype(jnp.float32)
@@ -180,8 +182,12 @@ def sample(logits_fn: LogitsFn, cache: Any, rng: Array, *, batch_size: int,
     # Shifted to a maximum of 0 first: a tiny temperature then sends the others to
     # -inf, not every logit to +-inf (where the draw would be token 0).
     shifted_NxV = logits_NxV - jnp.max(logits_NxV, axis=-1, keepdims=True)
+    # Masked tokens stay masked at any temperature: XLA divides by multiplying by
+    # 1/temperature, 0 in float32 past ~1e38, and -inf * 0 is NaN (every draw was
+    # then token 0, PAD: empty outputs).
+    scaled_NxV = jnp.where(shifted_NxV == NEG_INF, NEG_INF, shifted_NxV / temperature)
     draw = lambda key, logits_V: jax.random.categorical(jax.random.fold_in(key, t), logits_V)
-    return jax.vmap(draw)(keys_B, shifted_NxV / temperature).astype(jnp.int32)
+    return jax.vmap(draw)(keys_B, scaled_NxV).astype(jnp.int32)
 
   return _decode_loop(logits_fn, cache, choose_fn, batch_size=batch_size,
                       max_len=max_len, bos_id=bos_id, eos_id=eos_id,
