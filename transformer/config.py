@@ -282,10 +282,13 @@ def check_sections(config, where: str) -> None:
                      f"holds {', '.join(SECTIONS)}, as configs/base.py's get_config builds them")
 
 
-def check_known_fields(config) -> None:
+def check_fields(config) -> None:
   """A ValueError naming a field outside config.model that configs/base.py's
   get_config does not have: a misspelt field set in a config file would be kept
-  and never read. (config.model's fields are ModelConfig's: model_config.)"""
+  and never read. (config.model's fields are ModelConfig's: model_config.) And
+  one naming the fields of base's config that a section lacks: a section
+  replaced whole (`--config.model={}`) stopped the checks with a traceback
+  naming one field."""
   from configs import base  # pylint: disable=g-import-not-at-top
   known = base.get_config()
   for path, section, names in [("config", known, [k for k in config.keys() if k != "model"])] + [
@@ -296,14 +299,6 @@ def check_known_fields(config) -> None:
         near = difflib.get_close_matches(name, section.keys(), n=1)
         raise ValueError(f"{path}.{name}: unknown field (configs/base.py's config has no "
                          "such field)" + (f"; did you mean {path}.{near[0]}?" if near else ""))
-
-
-def check_complete(config) -> None:
-  """A ValueError naming the fields of configs/base.py's config that a section
-  lacks: a section replaced whole (`--config.model={}`) stopped the checks with
-  a traceback naming one field."""
-  from configs import base  # pylint: disable=g-import-not-at-top
-  known = base.get_config()
   for section in SECTIONS:
     missing = [name for name in known[section].keys() if name not in config[section]]
     if missing:
@@ -321,8 +316,7 @@ def check_config(config, trained: bool = False) -> None:
   run's, which may predate them."""
   check_sections(config, "the config")
   if not trained:
-    check_known_fields(config)
-    check_complete(config)
+    check_fields(config)
 
   def value(field):
     node = config

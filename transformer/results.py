@@ -60,14 +60,17 @@ def _number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _text(value) -> bool:
+  return isinstance(value, str)
+
+
 def _texts(value) -> bool:
   return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 # What the fields a table or a sweep reads must hold, by file: {field: (test, kind)}.
 _STATUS_FIELDS = {
-    "status": (lambda v: isinstance(v, str), "a text"), "base": (lambda v: isinstance(v, str),
-                                                                "a text"),
+    "status": (_text, "a text"), "base": (_text, "a text"),
     "overrides": (_texts, "a list of texts"), "sets": (_texts, "a list of texts"),
     "wall_seconds": (_number, "a number of seconds"),
     "steps": (lambda v: v is None or (_number(v) and v == int(v)), "a step number")}

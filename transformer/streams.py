@@ -43,18 +43,21 @@ def open_closed() -> None:
     _CLOSED_AT_START.add(name)
 
 
+def _naming(name):
+  """files.naming: an OSError without a file name raised again naming `name`.
+  (Imported at use: files imports runtime, which imports this module.)"""
+  from transformer import files  # pylint: disable=g-import-not-at-top
+  return files.naming(name)
+
+
 class _NamedWrites(io.FileIO):
-  """A descriptor's writer whose failures name it ('<stdout>'), as one_line_errors
+  """A descriptor's writer whose failures name it ('<stdout>'), as flush_stdout
   names a failed flush of a buffered stdout: an OSError from inside a print
   names no file."""
 
   def write(self, data):
-    try:
+    with _naming(self.name):
       return super().write(data)
-    except OSError as e:
-      if e.filename is not None or isinstance(e, BlockingIOError):  # Its 3rd arg is a count.
-        raise
-      raise type(e)(e.errno, e.strerror, self.name) from None
 
 
 def whole_writes() -> None:
@@ -126,10 +129,8 @@ def flush_stdout() -> None:
   and print writes nothing)."""
   if sys.stdout is None:
     return
-  try:
+  with _naming(getattr(sys.stdout, "name", "<stdout>")):
     sys.stdout.flush()
-  except OSError as e:
-    raise OSError(e.errno, e.strerror, getattr(sys.stdout, "name", "<stdout>")) from e
 
 
 def drop_what_stdout_cannot_write() -> None:

@@ -48,6 +48,12 @@ def _builder(make, name, data_dir):
                            f'prepare it again): {runtime.first_line(e)}') from e
 
 
+def _scan_builder(config, data_dir):
+  """SCAN's builder of `config` in `data_dir` (_builder: a damaged info file named)."""
+  from transformer.data import scan  # pylint: disable=g-import-not-at-top
+  return _builder(lambda: scan.Scan(config=config, data_dir=data_dir), f'scan/{config}', data_dir)
+
+
 def prepare_command(name, data_dir):
   """The shell command that prepares TFDS dataset `name` into `data_dir`."""
   where = f' --data_dir={data_dir}' if data_dir else ''
@@ -134,11 +140,8 @@ def _check_scan_split_name(split, field):
 
 
 def _iter_scan(config, split, data_dir, chunk, field=None):
-  from transformer.data import scan  # pylint: disable=g-import-not-at-top
   _check_scan_split_name(split, field)
-  make = lambda: _builder(lambda: scan.Scan(config=config, data_dir=data_dir), f'scan/{config}',
-                         data_dir)
-  builder = make()
+  builder = _scan_builder(config, data_dir)
   if not builder.is_prepared():
     try:
       builder.download_and_prepare()  # Generates from the grammar; nothing is downloaded.
@@ -146,7 +149,7 @@ def _iter_scan(config, split, data_dir, chunk, field=None):
       # TFDS builds in a temporary directory and renames it; when another process
       # (of a multi-process job, on a host-local data dir) renamed its own first,
       # this rename fails and that process's identical dataset is used.
-      builder = make()
+      builder = _scan_builder(config, data_dir)
       if not builder.is_prepared():  # The data dir cannot be written: say which setting.
         raise type(e)(f'cannot prepare {builder.name}/{config} in {builder.data_dir} '
                       f'(config.data.tfds_data_dir): {e}') from e
@@ -326,12 +329,9 @@ def check_split(data_config, split, field=None):
   A SCAN dataset not yet prepared has only its split name checked."""
   dataset = data_config.dataset
   if dataset.startswith('scan/'):
-    from transformer.data import scan  # pylint: disable=g-import-not-at-top
     config = _scan_config(dataset)
     _check_scan_split_name(split, field)
-    data_dir = tfds_data_dir(data_config)
-    builder = _builder(lambda: scan.Scan(config=config, data_dir=data_dir), f'scan/{config}',
-                       data_dir)
+    builder = _scan_builder(config, tfds_data_dir(data_config))
     if builder.is_prepared():
       _tfds_split_size(builder, split, field)
     return
